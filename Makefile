@@ -1,0 +1,43 @@
+# The two commands of the README:
+#   make run    start the compacter daemon on ./lamina-data with Spark local[*]
+#   make test   lint, type-check and run the whole test suite
+# Everything else here is what those two need.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test check lint typecheck pytest bench java clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "lamina needs Python 3.11 or newer")'
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+java:
+	@command -v java >/dev/null 2>&1 || { echo "lamina needs Java 17 or newer for Spark: install it (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME" >&2; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "lamina needs Java 17 or newer for Spark, found '$$v': install openjdk-17-jre-headless or point JAVA_HOME at a JDK 17+" >&2; exit 1; fi
+
+run: $(STAMP) java
+	$(BIN)/lamina serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP) java
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: $(STAMP) java
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

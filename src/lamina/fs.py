@@ -1,0 +1,290 @@
+"""The storage layer: every durable file operation lamina performs goes through a
+:class:`FileSystem`.
+
+Why a layer of its own: the crash-safety rules of DESIGN §7 live here, once, and the
+fault-injection shim of the tests (``lamina.faults``) subclasses it to fail, tear or drop
+operations the way a failing disk or a power cut would, without patching anything.
+
+Rules kept here:
+
+- Publishing a file: write a temp file in the same directory, fsync it, rename (or link,
+  for an exclusive publish), fsync the directory (DESIGN §7 rule 2).
+- Every write is checked for short writes; ENOSPC and EIO come out as
+  :class:`~lamina.errors.StorageError` naming the operation and the path.
+- Creating or removing a directory entry fsyncs the parent directory.
+
+``FileNotFoundError`` passes through untranslated where a caller treats a missing file as
+a normal outcome (readers racing a deleter); every other ``OSError`` becomes a
+``StorageError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from lamina.errors import StorageError
+
+TMP_SUFFIX = ".tmp"
+
+
+def _fail(op: str, path: Path | str, exc: OSError) -> StorageError:
+    err = StorageError(exc.errno, f"{op} failed on {path}: {os.strerror(exc.errno or 0)}"
+                       " (check free space, permissions and the disk's health)")
+    err.filename = str(path)
+    return err
+
+
+class AppendFile:
+    """An append-only file handle whose writes are checked and whose syncs are explicit."""
+
+    def __init__(self, fs: FileSystem, path: Path, fd: int, size: int) -> None:
+        self._fs = fs
+        self.path = path
+        self._fd = fd
+        self.size = size
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Write all of ``data`` at the end of the file, or raise ``StorageError``."""
+        view = memoryview(data)
+        while view:
+            try:
+                n = self._fs.os_write(self._fd, view, self.path)
+            except OSError as exc:
+                raise _fail("write", self.path, exc) from exc
+            if n <= 0:
+                raise StorageError(f"write made no progress on {self.path}")
+            view = view[n:]
+            self.size += n
+
+    def sync(self) -> None:
+        """fdatasync the file. An error here is fatal for the writer (DESIGN §7 rule 5)."""
+        try:
+            self._fs.os_fdatasync(self._fd, self.path)
+        except OSError as exc:
+            raise _fail("fdatasync", self.path, exc) from exc
+
+    def truncate(self, size: int) -> None:
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as exc:
+            raise _fail("truncate", self.path, exc) from exc
+        self.size = size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+class _SyncedWriter:
+    """A binary file-like object for library writers (pyarrow's Parquet writer); ``close``
+    fsyncs before the caller renames the file into place."""
+
+    def __init__(self, handle: AppendFile) -> None:
+        self._h = handle
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._h.write(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._h.size
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            self._h.sync()
+            self._h.close()
+            self.closed = True
+
+
+class FileSystem:
+    """Real file operations with lamina's durability rules. Subclasses may override the
+    ``os_*`` primitives to inject faults; everything else is built on them."""
+
+    # --- primitives (the fault-injection seams) -------------------------------------
+    def os_write(self, fd: int, data: memoryview, path: Path) -> int:
+        return os.write(fd, data)
+
+    def os_fdatasync(self, fd: int, path: Path) -> None:
+        os.fdatasync(fd)
+
+    def os_fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def os_rename(self, src: Path, dst: Path) -> None:
+        os.rename(src, dst)
+
+    def os_link(self, src: Path, dst: Path) -> None:
+        os.link(src, dst)
+
+    def os_unlink(self, path: Path) -> None:
+        os.unlink(path)
+
+    # --- operations -------------------------------------------------------------------
+    def fsync_dir(self, path: Path) -> None:
+        try:
+            self.os_fsync_dir(path)
+        except OSError as exc:
+            raise _fail("fsync of directory", path, exc) from exc
+
+    def makedirs(self, path: Path) -> None:
+        """Create ``path`` and missing parents, fsyncing each parent that gained an entry."""
+        missing: list[Path] = []
+        p = path
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise _fail("mkdir", d, exc) from exc
+            self.fsync_dir(d.parent)
+
+    def open_append(self, path: Path, *, create: bool = False) -> AppendFile:
+        """Open ``path`` for appending; ``create`` requires that it does not exist yet."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        try:
+            fd = os.open(path, flags, 0o644)
+            size = os.fstat(fd).st_size
+        except OSError as exc:
+            raise _fail("open", path, exc) from exc
+        return AppendFile(self, path, fd, size)
+
+    def rename(self, src: Path, dst: Path, *, sync_dir: bool = True) -> None:
+        try:
+            self.os_rename(src, dst)
+        except OSError as exc:
+            raise _fail("rename", f"{src} -> {dst}", exc) from exc
+        if sync_dir:
+            self.fsync_dir(dst.parent)
+            if src.parent != dst.parent:
+                self.fsync_dir(src.parent)
+
+    def unlink(self, path: Path, *, missing_ok: bool = True, sync_dir: bool = True) -> None:
+        try:
+            self.os_unlink(path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+            return
+        except OSError as exc:
+            raise _fail("unlink", path, exc) from exc
+        if sync_dir:
+            self.fsync_dir(path.parent)
+
+    def rmtree(self, path: Path) -> None:
+        """Remove a directory tree (used for dropped relations and abandoned batches)."""
+        if not path.exists():
+            return
+        for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            try:
+                if child.is_dir() and not child.is_symlink():
+                    child.rmdir()
+                else:
+                    self.os_unlink(child)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _fail("remove", child, exc) from exc
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _fail("rmdir", path, exc) from exc
+        self.fsync_dir(path.parent)
+
+    def temp_path(self, final: Path) -> Path:
+        return final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
+
+    def _write_temp(self, final: Path, data: bytes) -> Path:
+        tmp = self.temp_path(final)
+        handle = self.open_append(tmp, create=True)
+        try:
+            handle.write(data)
+            handle.sync()
+        except BaseException:
+            handle.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        handle.close()
+        return tmp
+
+    def write_atomic(self, path: Path, data: bytes) -> None:
+        """Publish ``data`` at ``path``, replacing any old file: temp, fsync, rename, fsync dir."""
+        tmp = self._write_temp(path, data)
+        try:
+            self.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def publish_exclusive(self, path: Path, data: bytes) -> bool:
+        """Publish ``data`` at ``path`` only if nothing is there: the compare-and-set of the
+        trace state. Returns False, writing nothing visible, when ``path`` already exists."""
+        tmp = self._write_temp(path, data)
+        try:
+            try:
+                self.os_link(tmp, path)
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                raise _fail("link", path, exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                self.os_unlink(tmp)
+        self.fsync_dir(path.parent)
+        return True
+
+    @contextlib.contextmanager
+    def create_synced(self, path: Path) -> Iterator[BinaryIO]:
+        """Yield a writer for a new file published at ``path`` when the block exits cleanly:
+        the bytes go to a temp file, are fsynced, renamed into place and the directory is
+        fsynced. On an exception the temp file is removed and ``path`` is untouched."""
+        tmp = self.temp_path(path)
+        writer = _SyncedWriter(self.open_append(tmp, create=True))
+        try:
+            yield writer  # type: ignore[misc]
+            writer.close()
+            self.rename(tmp, path)
+        except BaseException:
+            writer._h.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def read_bytes(self, path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise _fail("read", path, exc) from exc

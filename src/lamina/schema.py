@@ -1,0 +1,190 @@
+"""Relation metadata (``relation.json``) and the validation of what users hand in.
+
+``relation.json`` lives in the relation's WAL directory and is written atomically once, at
+``create_relation``. It is a :class:`RelationMeta` as JSON::
+
+    {"format_version": 1, "name": "orders", "relation_id": "<32 hex>",
+     "schema": "<base64 Arrow IPC schema>", "columns": ["id: int64", ...],
+     "key": ["id"], "created_at": "2026-11-21T22:29:18Z"}
+
+``relation_id`` tells incarnations of one name apart: a relation dropped and created again
+gets a new id, and trace state of the old one is never read as the new one's.
+
+Row column types are those every part of the pipeline (Arrow IPC, Parquet, Spark) orders
+and groups the same way: signed integers, floats, bool, string, binary, date32,
+timestamp[us] and decimal128. ``_time`` (uint64) and ``_diff`` (int64) are reserved.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lamina.errors import CorruptionError, InvalidNameError, SchemaError
+
+FORMAT_VERSION = 1
+TIME = "_time"
+DIFF = "_diff"
+RESERVED = (TIME, DIFF)
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid relation name, else raise InvalidNameError."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise InvalidNameError(
+            f"invalid relation name {name!r}: use 1 to 64 characters of a-z, 0-9, '_', '.' "
+            "and '-', starting with a letter or digit (never a path)")
+    return name
+
+
+def _supported(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_signed_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+        or t in (pa.string(), pa.binary(), pa.date32())
+        or (pa.types.is_timestamp(t) and t.unit == "us")
+        or pa.types.is_decimal128(t))
+
+
+@dataclass(frozen=True)
+class RelationMeta:
+    """The immutable description of a relation."""
+
+    name: str
+    relation_id: str
+    schema: pa.Schema
+    key: tuple[str, ...]
+    created_at: str
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def new(cls, name: str, schema: pa.Schema,
+            key: list[str] | tuple[str, ...] | None) -> RelationMeta:
+        validate_name(name)
+        if not isinstance(schema, pa.Schema):
+            raise SchemaError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        if len(schema) == 0:
+            raise SchemaError("schema has no columns; a relation needs at least one row column")
+        names = schema.names
+        if len(set(names)) != len(names):
+            raise SchemaError(f"schema has duplicate column names: {names}")
+        for f in schema:
+            if f.name in RESERVED:
+                raise SchemaError(f"column name {f.name!r} is reserved for lamina "
+                                  f"({TIME} and {DIFF} are added to every update)")
+            if not _supported(f.type):
+                raise SchemaError(
+                    f"column {f.name!r} has type {f.type}, which lamina does not store; use a "
+                    "signed integer, float, bool, string, binary, date32, timestamp[us] or "
+                    "decimal128 type")
+        key_t = tuple(key or ())
+        for k in key_t:
+            if k not in names:
+                raise SchemaError(f"key column {k!r} is not in the schema {names}")
+        if len(set(key_t)) != len(key_t):
+            raise SchemaError(f"key columns repeat: {list(key_t)}")
+        clean = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+        return cls(name=name, relation_id=uuid.uuid4().hex, schema=clean, key=key_t,
+                   created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    @property
+    def row_columns(self) -> list[str]:
+        return list(self.schema.names)
+
+    @property
+    def sort_columns(self) -> list[str]:
+        """Batch order: key columns, then the other row columns."""
+        return list(self.key) + [n for n in self.schema.names if n not in self.key]
+
+    @property
+    def update_schema(self) -> pa.Schema:
+        return self.schema.append(pa.field(TIME, pa.uint64(), False)).append(
+            pa.field(DIFF, pa.int64(), False))
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format_version": self.format_version,
+            "name": self.name,
+            "relation_id": self.relation_id,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "columns": [f"{f.name}: {f.type}" for f in self.schema],
+            "key": list(self.key),
+            "created_at": self.created_at,
+        }
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, path: object = None) -> RelationMeta:
+        try:
+            doc = json.loads(data)
+            version = int(doc["format_version"])
+            if version != FORMAT_VERSION:
+                raise CorruptionError(f"relation.json has format version {version}; this "
+                                      f"lamina reads version {FORMAT_VERSION}", path=str(path))
+            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"])))
+            return cls(name=validate_name(doc["name"]), relation_id=str(doc["relation_id"]),
+                       schema=schema, key=tuple(doc["key"]), created_at=str(doc["created_at"]),
+                       format_version=version)
+        except CorruptionError:
+            raise
+        except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            raise CorruptionError(f"relation.json is unreadable: {exc}", path=str(path)) from exc
+
+
+def conform_updates(meta: RelationMeta, data: pa.Table | pa.RecordBatch) -> pa.Table:
+    """Check ``data`` against the relation and return it as a table of exactly
+    ``meta.update_schema`` (columns reordered, integer and other types cast where the cast
+    is lossless). Raises SchemaError naming the offending column."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if not isinstance(data, pa.Table):
+        raise SchemaError(f"updates must be a pyarrow Table or RecordBatch, got "
+                          f"{type(data).__name__}")
+    want = meta.update_schema
+    have = set(data.column_names)
+    missing = [n for n in want.names if n not in have]
+    extra = [n for n in data.column_names if n not in want.names]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing columns {missing}")
+        if extra:
+            parts.append(f"unexpected columns {extra}")
+        raise SchemaError(f"updates for relation {meta.name!r} do not match its schema: "
+                          f"{'; '.join(parts)} (expected {want.names})")
+    if len(set(data.column_names)) != len(data.column_names):
+        raise SchemaError(f"updates repeat a column: {data.column_names}")
+    columns = []
+    for field in want:
+        col = data.column(field.name)
+        if col.type != field.type:
+            if not _castable(col.type, field.type):
+                raise SchemaError(f"column {field.name!r} has type {col.type}, relation "
+                                  f"{meta.name!r} expects {field.type}")
+            try:
+                col = pc.cast(col, field.type, safe=True)
+            except pa.ArrowInvalid as exc:
+                raise SchemaError(f"column {field.name!r} cannot be converted from {col.type} "
+                                  f"to {field.type} without loss: {exc}") from exc
+        if not field.nullable and col.null_count:
+            raise SchemaError(f"column {field.name!r} holds {col.null_count} nulls but is "
+                              "not nullable")
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=want)
+
+
+def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Casts accepted on input: integer to integer (range-checked) and between
+    string/large_string, binary/large_binary; nothing that changes meaning."""
+    if pa.types.is_integer(src) and pa.types.is_integer(dst):
+        return True
+    pairs = {(pa.large_string(), pa.string()), (pa.large_binary(), pa.binary()),
+             (pa.null(), dst)}
+    return (src, dst) in pairs

@@ -1,0 +1,245 @@
+"""The public API: :class:`Store` and :class:`Relation` (DESIGN §2).
+
+A Store is a data directory. Relations are created with a schema and key columns; a
+:class:`Relation` handle writes through a :class:`~lamina.wal.log.WalWriter`, taken on the
+first write (so that processes that only read, such as ``lamina snapshot``, never contend
+for the writer lock), and reads through :mod:`lamina.read`, which combines the trace, its
+pending area and the WAL segments not yet converted into one consistent view.
+
+Every call validates its arguments before touching the disk: a rejected call changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+import pyarrow as pa
+
+from lamina.errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    RelationExistsError,
+    RelationNotFoundError,
+)
+from lamina.fs import FileSystem
+from lamina.layout import Layout
+from lamina.read import relation_frontiers, snapshot
+from lamina.schema import RelationMeta, conform_updates, validate_name
+from lamina.wal.log import FSYNC_POLICIES, FsyncPolicy, WalWriter
+from lamina.wal.segment import encode_header, opening_records, segment_name
+
+META_NAME = "relation.json"
+
+
+class Store:
+    """A lamina data directory: ``wal/`` for the logs, ``trace/`` for the compacted trace."""
+
+    def __init__(self, root: Path, *, segment_bytes: int, fsync: FsyncPolicy,
+                 fsync_interval: float, fs: FileSystem) -> None:
+        self.layout = Layout(root)
+        self.segment_bytes = segment_bytes
+        self.fsync: FsyncPolicy = fsync
+        self.fsync_interval = fsync_interval
+        self.fs = fs
+        self._relations: dict[str, Relation] = {}
+        self._mu = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] = "lamina-data", *,
+             segment_bytes: int = 64 << 20, fsync: FsyncPolicy = "always",
+             fsync_interval: float = 0.1, fs: FileSystem | None = None) -> Store:
+        """Open (creating if needed) the data directory at ``path``."""
+        if fsync not in FSYNC_POLICIES:
+            raise InvalidArgumentError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
+        if not isinstance(segment_bytes, int) or segment_bytes < 4096:
+            raise InvalidArgumentError(f"segment_bytes must be an int >= 4096, got "
+                                       f"{segment_bytes!r}")
+        if not fsync_interval > 0:
+            raise InvalidArgumentError(f"fsync_interval must be > 0, got {fsync_interval!r}")
+        root = Path(path)
+        fs = fs or FileSystem()
+        if root.exists() and not root.is_dir():
+            raise InvalidArgumentError(f"{root} exists and is not a directory")
+        store = cls(root, segment_bytes=segment_bytes, fsync=fsync,
+                    fsync_interval=fsync_interval, fs=fs)
+        fs.makedirs(store.layout.wal)
+        fs.makedirs(store.layout.trace)
+        return store
+
+    # --- relations ------------------------------------------------------------------------
+    def create_relation(self, name: str, schema: pa.Schema,
+                        key: list[str] | tuple[str, ...] | None = None) -> Relation:
+        """Create a relation; its directory appears whole or not at all."""
+        self._check_open()
+        meta = RelationMeta.new(name, schema, key)
+        final = self.layout.wal_dir(name)
+        if final.exists():
+            raise RelationExistsError(f"relation {name!r} already exists; open it with "
+                                      "store.relation(name) or drop it first")
+        staging = self.layout.wal / f".create-{name}-{uuid.uuid4().hex[:8]}"
+        self.fs.makedirs(staging)
+        try:
+            self.fs.write_atomic(staging / META_NAME, meta.to_json())
+            first = staging / segment_name(1, finished=False)
+            handle = self.fs.open_append(first, create=True)
+            try:
+                handle.write(encode_header(name, 1) + opening_records(0, 0))
+                handle.sync()
+            finally:
+                handle.close()
+            self.fs.fsync_dir(staging)
+            try:
+                self.fs.rename(staging, final)
+            except OSError as exc:  # a racing creator won
+                raise RelationExistsError(f"relation {name!r} already exists") from exc
+        except BaseException:
+            self.fs.rmtree(staging)
+            raise
+        return self.relation(name)
+
+    def relation(self, name: str) -> Relation:
+        """A handle on an existing relation."""
+        self._check_open()
+        validate_name(name)
+        with self._mu:
+            rel = self._relations.get(name)
+            if rel is not None and not rel.dropped:
+                return rel
+            meta_path = self.layout.wal_dir(name) / META_NAME
+            try:
+                data = meta_path.read_bytes()
+            except FileNotFoundError:
+                raise RelationNotFoundError(
+                    f"relation {name!r} does not exist in {self.layout.root}; existing: "
+                    f"{self.relations()}") from None
+            self.layout.check_not_quarantined(name)
+            meta = RelationMeta.from_json(data, meta_path)
+            if meta.name != name:
+                raise CorruptionError(f"relation.json names {meta.name!r}", path=meta_path)
+            rel = Relation(self, meta)
+            self._relations[name] = rel
+            return rel
+
+    def relations(self) -> list[str]:
+        return self.layout.relation_names()
+
+    def drop_relation(self, name: str) -> None:
+        """Remove a relation: its WAL leaves the namespace atomically; the compacter removes
+        its trace. The name can be created again at once."""
+        rel = self.relation(name)
+        writer = rel._writer_or_open()
+        dropped = self.layout.dropped / f"{name}.{rel.meta.relation_id}"
+        self.fs.makedirs(self.layout.dropped)
+        try:
+            writer.close()
+            self.fs.rename(self.layout.wal_dir(name), dropped)
+        finally:
+            rel.dropped = True
+            with self._mu:
+                self._relations.pop(name, None)
+        self.fs.rmtree(dropped)
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._mu:
+            rels = list(self._relations.values())
+            self._relations.clear()
+            self._closed = True
+        for rel in rels:
+            rel._close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("the store is closed")
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Relation:
+    """A named collection of updates. Obtain through :class:`Store`."""
+
+    def __init__(self, store: Store, meta: RelationMeta) -> None:
+        self.store = store
+        self.meta = meta
+        self.dropped = False
+        self._writer: WalWriter | None = None
+        self._mu = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.meta.schema
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return self.meta.key
+
+    @property
+    def wal_dir(self) -> Path:
+        return self.store.layout.wal_dir(self.name)
+
+    def _writer_or_open(self) -> WalWriter:
+        if self.dropped:
+            raise RelationNotFoundError(f"relation {self.name!r} was dropped")
+        with self._mu:
+            if self._writer is None:
+                self.store.layout.check_not_quarantined(self.name)
+                self._writer = WalWriter(self.wal_dir, self.name, fs=self.store.fs,
+                                         fsync=self.store.fsync,
+                                         segment_bytes=self.store.segment_bytes,
+                                         fsync_interval=self.store.fsync_interval)
+            return self._writer
+
+    def append(self, updates: pa.Table | pa.RecordBatch) -> None:
+        """Append updates (row columns + ``_time`` + ``_diff``); durable on return."""
+        table = conform_updates(self.meta, updates)
+        self._writer_or_open().append(table)
+
+    def seal(self, upper: int) -> None:
+        """Promise that no update at a time below ``upper`` will arrive."""
+        self._writer_or_open().seal(upper)
+
+    def allow_compaction(self, since: int) -> None:
+        """Allow history before ``since`` to be read as ``since``."""
+        self._writer_or_open().allow_compaction(since)
+
+    @property
+    def upper(self) -> int:
+        return self._frontiers()[0]
+
+    @property
+    def since(self) -> int:
+        return self._frontiers()[1]
+
+    def _frontiers(self) -> tuple[int, int]:
+        if self._writer is not None:
+            return self._writer.upper, self._writer.since
+        if self.dropped:
+            raise RelationNotFoundError(f"relation {self.name!r} was dropped")
+        return relation_frontiers(self.wal_dir, self.name)
+
+    def snapshot(self, as_of: int) -> pa.Table:
+        """The consolidated rows at ``as_of`` with their ``_diff``, ordered by key."""
+        upper, since = self._frontiers()
+        return snapshot(self.store.layout, self.meta, as_of, upper=upper, since=since)
+
+    def _close(self) -> None:
+        with self._mu:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+

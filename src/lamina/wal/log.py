@@ -1,0 +1,382 @@
+"""The writer of one relation's write-ahead log.
+
+One :class:`WalWriter` per relation at a time, enforced with ``fcntl.flock`` on the
+relation's ``LOCK`` file (a second writer, in this process or another, gets LockedError).
+
+Durability (DESIGN §4, §7):
+
+- ``fsync="always"`` (default): a call returns after fdatasync covered its record. Group
+  commit: threads that wrote while another thread was syncing wait for that sync or the
+  next one, so N concurrent appends cost far fewer than N fsyncs.
+- ``fsync="interval"``: a background thread syncs every ``fsync_interval`` seconds; a
+  crash may lose calls acknowledged within the last interval.
+- ``fsync="never"``: the OS decides (tests, scratch data). Finishing a segment still
+  syncs, so finished segments are always complete.
+- A write or sync error fails the writer for good (no retried fsync trusted to the page
+  cache): every later call raises WriterFailedError; reopening recovers from disk.
+
+Rotation: ``seal`` writes a PROGRESS record; when the open segment has passed
+``segment_bytes`` the segment is finished (sync, rename ``.wal.open`` to ``.wal``, sync the
+directory) and a new open segment starts with PROGRESS(upper) and SINCE(since).
+
+Recovery on open: the open segment keeps its longest valid prefix (a torn tail is cut off
+and the cut synced); a missing open segment (crash between finishing one and creating the
+next) is recreated from the last finished segment's frontiers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import threading
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+
+from lamina.errors import (
+    CorruptionError,
+    FrontierRegressionError,
+    InvalidArgumentError,
+    LockedError,
+    StorageError,
+    UpdateBeforeUpperError,
+    WriterFailedError,
+)
+from lamina.fs import AppendFile, FileSystem
+from lamina.schema import TIME
+from lamina.wal.record import (
+    CLOSED,
+    MAX_PAYLOAD,
+    RecordType,
+    encode_frontier,
+    encode_updates,
+    frame,
+)
+from lamina.wal.segment import (
+    Scan,
+    SegmentFile,
+    encode_header,
+    list_segments,
+    opening_records,
+    scan_file,
+    segment_name,
+)
+
+FsyncPolicy = Literal["always", "interval", "never"]
+FSYNC_POLICIES: tuple[str, ...] = ("always", "interval", "never")
+LOCK_NAME = "LOCK"
+
+
+class DirLock:
+    """An exclusive, non-blocking ``flock`` on a file, released on close or process death."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StorageError(exc.errno, f"cannot open lock file {path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise LockedError(f"{what} is held by another process (pid {holder}) through "
+                                  f"{path}; stop that process or use it instead") from exc
+            raise StorageError(exc.errno, f"cannot lock {path}: {exc.strerror}") from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class WalWriter:
+    """Appends updates and frontiers to one relation's log. Thread-safe."""
+
+    def __init__(self, wal_dir: Path, relation: str, *, fs: FileSystem | None = None,
+                 fsync: FsyncPolicy = "always", segment_bytes: int = 64 << 20,
+                 fsync_interval: float = 0.1) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise InvalidArgumentError(f"fsync policy {fsync!r} is not one of {FSYNC_POLICIES}")
+        if segment_bytes < 4096:
+            raise InvalidArgumentError(f"segment_bytes {segment_bytes} is below the minimum "
+                                       "of 4096")
+        self.dir = wal_dir
+        self.relation = relation
+        self.fs = fs or FileSystem()
+        self.policy = fsync
+        self.segment_bytes = segment_bytes
+        self._lock = DirLock(wal_dir / LOCK_NAME, f"relation {relation!r}")
+        self._mu = threading.Lock()  # file writes and frontier state
+        self._sync_cv = threading.Condition()  # group commit
+        self._syncing = False
+        self._written = 0  # records written, a sequence number for group commit
+        self._synced = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        try:
+            self._file, self.seq, self._upper, self._since = self._recover()
+        except BaseException:
+            self._lock.close()
+            raise
+        self._flusher: threading.Thread | None = None
+        if fsync == "interval":
+            self._stop = threading.Event()
+            self._flusher = threading.Thread(target=self._flush_loop, args=(fsync_interval,),
+                                             name=f"lamina-wal-flush-{relation}", daemon=True)
+            self._flusher.start()
+
+    # --- recovery -----------------------------------------------------------------------
+    def _recover(self) -> tuple[AppendFile, int, int, int]:
+        segments = list_segments(self.dir)
+        opened = [s for s in segments if not s.finished]
+        if len(opened) > 1:
+            raise CorruptionError(f"relation {self.relation!r} has {len(opened)} open "
+                                  "segments; expected one", path=opened[-1].path)
+        if opened and segments[-1] is not opened[0]:
+            raise CorruptionError("the open segment is older than a finished one",
+                                  path=opened[0].path)
+        if opened:
+            seg = opened[0]
+            scan, _ = scan_file(seg, self.relation)
+            if scan.records:
+                handle = self.fs.open_append(seg.path)
+                if scan.torn_at is not None:
+                    handle.truncate(scan.valid_end)
+                    handle.sync()
+                return handle, seg.seq, scan.upper, scan.since
+            # Torn header or no record: nothing in it was ever acknowledged. Rebuild it.
+            self.fs.unlink(seg.path)
+            prev = [s for s in segments if s.finished]
+            lower, since = self._frontiers_of(prev[-1]) if prev else (0, 0)
+            return self._create_segment(seg.seq, lower, since), seg.seq, lower, since
+        finished = [s for s in segments if s.finished]
+        if not finished:
+            raise CorruptionError(f"relation {self.relation!r} has no segments", path=self.dir)
+        lower, since = self._frontiers_of(finished[-1])
+        seq = finished[-1].seq + 1
+        return self._create_segment(seq, lower, since), seq, lower, since
+
+    def _frontiers_of(self, seg: SegmentFile) -> tuple[int, int]:
+        scan: Scan = scan_file(seg, self.relation)[0]
+        return scan.upper, scan.since
+
+    def _create_segment(self, seq: int, lower: int, since: int) -> AppendFile:
+        path = self.dir / segment_name(seq, finished=False)
+        handle = self.fs.open_append(path, create=True)
+        try:
+            handle.write(encode_header(self.relation, seq) + opening_records(lower, since))
+            handle.sync()
+            self.fs.fsync_dir(self.dir)
+        except BaseException:
+            handle.close()
+            raise
+        return handle
+
+    # --- public state -------------------------------------------------------------------
+    @property
+    def upper(self) -> int:
+        return self._upper
+
+    @property
+    def since(self) -> int:
+        return self._since
+
+    # --- writes ---------------------------------------------------------------------------
+    def append(self, table: pa.Table) -> None:
+        """Write one UPDATES record for ``table`` (already conformed to the schema)."""
+        if table.num_rows == 0:
+            return
+        payload = encode_updates(table)
+        if len(payload) > MAX_PAYLOAD:
+            raise InvalidArgumentError(f"append of {len(payload)} encoded bytes exceeds the "
+                                       f"{MAX_PAYLOAD}-byte record limit; split the table")
+        record = frame(RecordType.UPDATES, payload)
+        min_time = int(pa.compute.min(table.column(TIME)).as_py())
+        with self._mu:
+            self._check_usable()
+            if min_time < self._upper:
+                raise UpdateBeforeUpperError(
+                    f"relation {self.relation!r}: an update has time {min_time}, below the "
+                    f"sealed upper {_fmt(self._upper)}; times below the upper are closed, so "
+                    "send it at a time >= the upper")
+            seqno = self._write(record)
+        self._await_durable(seqno)
+
+    def seal(self, upper: int) -> None:
+        """Promise no update at a time below ``upper`` will arrive."""
+        upper = _frontier_arg(upper, "upper")
+        with self._mu:
+            self._check_usable()
+            if upper < self._upper:
+                raise FrontierRegressionError(
+                    f"relation {self.relation!r}: seal({_fmt(upper)}) would move the upper "
+                    f"backwards from {_fmt(self._upper)}; an upper never decreases")
+            if upper == self._upper:
+                return
+            seqno = self._write(frame(RecordType.PROGRESS, encode_frontier(upper)))
+            self._upper = upper
+            rotate = self._file.size >= self.segment_bytes
+        if rotate:
+            self._rotate()
+        else:
+            self._await_durable(seqno)
+
+    def allow_compaction(self, since: int) -> None:
+        """Allow history before ``since`` to be forgotten."""
+        since = _frontier_arg(since, "since")
+        with self._mu:
+            self._check_usable()
+            if since < self._since:
+                raise FrontierRegressionError(
+                    f"relation {self.relation!r}: allow_compaction({_fmt(since)}) would move "
+                    f"since backwards from {_fmt(self._since)}; since never decreases")
+            if since > self._upper:
+                raise FrontierRegressionError(
+                    f"relation {self.relation!r}: since {_fmt(since)} is beyond the sealed "
+                    f"upper {_fmt(self._upper)}; seal up to it first")
+            if since == self._since:
+                return
+            seqno = self._write(frame(RecordType.SINCE, encode_frontier(since)))
+            self._since = since
+        self._await_durable(seqno)
+
+    def _write(self, data: bytes) -> int:
+        """Append ``data`` to the open segment; caller holds ``_mu``."""
+        try:
+            self._file.write(data)
+        except StorageError as exc:
+            self._fail(exc)
+            raise
+        self._written += 1
+        return self._written
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError(f"the writer of relation {self.relation!r} is closed")
+        if self._failed is not None:
+            raise WriterFailedError(
+                f"the writer of relation {self.relation!r} stopped after an I/O error "
+                f"({self._failed}); close and reopen the store to recover from disk")
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+
+    # --- group commit -----------------------------------------------------------------------
+    def _await_durable(self, seqno: int) -> None:
+        if self.policy != "always":
+            return
+        with self._sync_cv:
+            while self._synced < seqno:
+                if self._failed is not None:
+                    raise WriterFailedError(f"relation {self.relation!r}: the sync covering "
+                                            f"this call failed: {self._failed}")
+                if self._syncing:
+                    self._sync_cv.wait()
+                    continue
+                self._syncing = True
+                self._sync_cv.release()
+                try:
+                    self._sync_once()
+                finally:
+                    self._sync_cv.acquire()
+                    self._syncing = False
+                    self._sync_cv.notify_all()
+            if self._failed is not None and self._synced < seqno:
+                raise WriterFailedError(str(self._failed))
+
+    def _sync_once(self) -> None:
+        """fdatasync what was written so far; the caller holds the sync token."""
+        with self._mu:
+            target, handle = self._written, self._file
+        if self._failed is not None:
+            return
+        try:
+            handle.sync()
+        except StorageError as exc:
+            self._fail(exc)
+            raise
+        with self._sync_cv:
+            self._synced = max(self._synced, target)
+
+    def _flush_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self._sync_token(lambda: self._sync_once() if self._synced < self._written else None)
+
+    def _sync_token(self, fn: object) -> None:
+        """Run ``fn`` holding the sync token (no other sync or rotation runs meanwhile)."""
+        with self._sync_cv:
+            while self._syncing:
+                self._sync_cv.wait()
+            self._syncing = True
+        try:
+            with contextlib.suppress(StorageError):
+                fn()  # type: ignore[operator]
+        finally:
+            with self._sync_cv:
+                self._syncing = False
+                self._sync_cv.notify_all()
+
+    # --- rotation -------------------------------------------------------------------------
+    def _rotate(self) -> None:
+        """Finish the open segment and start the next one."""
+        errors: list[BaseException] = []
+
+        def rotate() -> None:
+            with self._mu:
+                if self._failed is not None:
+                    return
+                try:
+                    old, seq = self._file, self.seq
+                    old.sync()
+                    self.fs.rename(old.path, self.dir / segment_name(seq, finished=True))
+                    old.close()
+                    self._file = self._create_segment(seq + 1, self._upper, self._since)
+                    self.seq = seq + 1
+                    with self._sync_cv:
+                        self._synced = self._written
+                except StorageError as exc:
+                    self._fail(exc)
+                    errors.append(exc)
+
+        self._sync_token(rotate)
+        if errors:
+            raise errors[0]
+        self._check_usable()
+
+    def close(self) -> None:
+        """Sync what was written (under any policy) and release the lock."""
+        if self._closed:
+            return
+        if self._flusher is not None:
+            self._stop.set()
+            self._flusher.join()
+        with self._mu:
+            if self._failed is None:
+                with contextlib.suppress(StorageError):
+                    self._file.sync()
+            self._file.close()
+            self._closed = True
+        self._lock.close()
+
+
+def _frontier_arg(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{what} must be an int, got {type(value).__name__}")
+    if not 0 <= value <= CLOSED:
+        raise InvalidArgumentError(f"{what} {value} is outside [0, 2**64] (2**64 is "
+                                   "lamina.CLOSED, the empty frontier)")
+    return value
+
+
+def _fmt(frontier: int) -> str:
+    return "CLOSED" if frontier == CLOSED else str(frontier)

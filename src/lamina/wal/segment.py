@@ -1,0 +1,224 @@
+"""WAL segment files: naming, header, and scanning with the recovery rules.
+
+File names in a relation's WAL directory: ``{seq:016d}.wal`` for a finished segment,
+``{seq:016d}.wal.open`` for the one open segment. Sequence numbers grow by one.
+
+Byte layout of a segment (little-endian)::
+
+    offset   size  field
+    0        8     magic b"LAMINAWL"
+    8        2     format version (u16, 1)
+    10       2     relation name length n (u16)
+    12       8     segment sequence number (u64)
+    20       n     relation name (UTF-8)
+    20+n     4     CRC32C of bytes [0, 20+n)
+    24+n     ...   records (see ``lamina.wal.record``)
+
+Invariants:
+
+- The first record is PROGRESS: the segment's ``lower``. The writer follows it with a
+  SINCE record carrying the relation's compaction frontier, so every segment knows the
+  frontiers even after older segments were converted and deleted.
+- A finished segment ends with a PROGRESS record, its ``upper``, and never changes.
+- PROGRESS and SINCE values never decrease within a segment.
+
+Scanning rules (DESIGN §4): in the open segment a bad frame with no valid frame after it
+is a torn tail (cut off on recovery); a bad frame followed by a valid one is corruption.
+In a finished segment any damage is corruption. Corruption names file and offset.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lamina.wal.record import (
+    BadFrame,
+    Record,
+    RecordType,
+    corrupt,
+    crc32c,
+    decode_frontier,
+    encode_frontier,
+    find_valid_frame,
+    frame,
+    read_frame,
+)
+
+MAGIC = b"LAMINAWL"
+FORMAT_VERSION = 1
+_FIXED = struct.Struct("<8sHHQ")
+FINISHED_SUFFIX = ".wal"
+OPEN_SUFFIX = ".wal.open"
+
+
+def segment_name(seq: int, *, finished: bool) -> str:
+    return f"{seq:016d}{FINISHED_SUFFIX if finished else OPEN_SUFFIX}"
+
+
+def parse_name(name: str) -> tuple[int, bool] | None:
+    """``(seq, finished)`` for a segment file name, None for any other file."""
+    for suffix, finished in ((OPEN_SUFFIX, False), (FINISHED_SUFFIX, True)):
+        if name.endswith(suffix):
+            stem = name[: -len(suffix)]
+            if len(stem) == 16 and stem.isdigit():
+                return int(stem), finished
+    return None
+
+
+def encode_header(relation: str, seq: int) -> bytes:
+    name = relation.encode()
+    body = _FIXED.pack(MAGIC, FORMAT_VERSION, len(name), seq) + name
+    return body + struct.pack("<I", crc32c(body))
+
+
+def opening_records(lower: int, since: int) -> bytes:
+    """The records a new segment starts with: its lower, then the current since."""
+    return (frame(RecordType.PROGRESS, encode_frontier(lower))
+            + frame(RecordType.SINCE, encode_frontier(since)))
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """A segment file found in a relation's WAL directory."""
+
+    path: Path
+    seq: int
+    finished: bool
+
+
+def list_segments(wal_dir: Path) -> list[SegmentFile]:
+    """All segment files of a relation, ordered by sequence number."""
+    found = []
+    try:
+        names = [p.name for p in wal_dir.iterdir()]
+    except FileNotFoundError:
+        return []
+    for name in names:
+        parsed = parse_name(name)
+        if parsed is not None:
+            found.append(SegmentFile(wal_dir / name, parsed[0], parsed[1]))
+    return sorted(found, key=lambda s: (s.seq, s.finished))
+
+
+@dataclass
+class Scan:
+    """What a segment holds, as far as it is valid."""
+
+    path: Path
+    seq: int
+    relation: str
+    records: list[Record] = field(default_factory=list)
+    valid_end: int = 0
+    torn_at: int | None = None
+    torn_reason: str = ""
+    lower: int = 0
+    upper: int = 0
+    since: int = 0
+
+    @property
+    def finished_shape(self) -> bool:
+        return bool(self.records) and self.records[-1].rtype is RecordType.PROGRESS
+
+    def updates(self) -> list[Record]:
+        return [r for r in self.records if r.rtype is RecordType.UPDATES]
+
+
+def scan_buffer(buf: memoryview, path: Path, *, finished: bool, relation: str | None = None,
+                seq: int | None = None) -> Scan:
+    """Scan the bytes of a segment; raise CorruptionError per the rules above."""
+    header = _read_header(buf, path, finished=finished)
+    if header is None:  # torn header of an open segment: it never held anything acked
+        return Scan(path=path, seq=seq or 0, relation=relation or "", torn_at=0,
+                    torn_reason="incomplete segment header")
+    rel, hseq, offset = header
+    if relation is not None and rel != relation:
+        raise corrupt(path, 0, f"segment header names relation {rel!r}, expected {relation!r}")
+    if seq is not None and hseq != seq:
+        raise corrupt(path, 0, f"segment header has sequence {hseq}, file name says {seq}")
+    scan = Scan(path=path, seq=hseq, relation=rel, valid_end=offset)
+    while offset < len(buf):
+        rec = read_frame(buf, offset)
+        if isinstance(rec, BadFrame):
+            if finished:
+                raise corrupt(path, offset, f"{rec.reason} in a finished segment")
+            nxt = find_valid_frame(buf, offset + 1)
+            if nxt is not None:
+                raise corrupt(path, offset, f"{rec.reason}, followed by a valid record at "
+                                            f"byte {nxt}")
+            scan.torn_at, scan.torn_reason = offset, rec.reason
+            break
+        _apply(scan, rec)
+        scan.records.append(rec)
+        offset = rec.end
+        scan.valid_end = offset
+    if not scan.records:
+        if finished:
+            raise corrupt(path, offset, "finished segment holds no records")
+    elif finished and not scan.finished_shape:
+        raise corrupt(path, scan.valid_end, "finished segment does not end with a progress "
+                                            "record")
+    return scan
+
+
+def _apply(scan: Scan, rec: Record) -> None:
+    first = not scan.records
+    if first and rec.rtype is not RecordType.PROGRESS:
+        raise corrupt(scan.path, rec.offset, f"segment starts with a {rec.rtype.name} record, "
+                                             "expected PROGRESS")
+    if rec.rtype is RecordType.UPDATES:
+        return
+    try:
+        value = decode_frontier(rec.payload)
+    except ValueError as exc:
+        raise corrupt(scan.path, rec.offset, str(exc)) from exc
+    if rec.rtype is RecordType.PROGRESS:
+        if first:
+            scan.lower = scan.upper = value
+        elif value < scan.upper:
+            raise corrupt(scan.path, rec.offset, f"progress goes backwards from {scan.upper} "
+                                                 f"to {value}")
+        scan.upper = value
+    else:
+        if value < scan.since:
+            raise corrupt(scan.path, rec.offset, f"since goes backwards from {scan.since} "
+                                                 f"to {value}")
+        scan.since = value
+
+
+def _read_header(buf: memoryview, path: Path, *, finished: bool) -> tuple[str, int, int] | None:
+    def bad(reason: str) -> None:
+        if finished or find_valid_frame(buf, 1) is not None:
+            raise corrupt(path, 0, reason)
+
+    if len(buf) < _FIXED.size:
+        bad(f"segment header incomplete ({len(buf)} bytes)")
+        return None
+    magic, version, name_len, seq = _FIXED.unpack_from(buf, 0)
+    end = _FIXED.size + name_len
+    if magic != MAGIC:
+        bad(f"bad segment magic {bytes(magic)!r}")
+        return None
+    if version != FORMAT_VERSION:
+        raise corrupt(path, 8, f"segment format version {version}; this lamina reads "
+                               f"version {FORMAT_VERSION}")
+    if len(buf) < end + 4:
+        bad("segment header incomplete")
+        return None
+    (stored,) = struct.unpack_from("<I", buf, end)
+    if crc32c(buf[:end]) != stored:
+        bad("segment header checksum mismatch")
+        return None
+    try:
+        rel = bytes(buf[_FIXED.size:end]).decode()
+    except UnicodeDecodeError as exc:
+        raise corrupt(path, _FIXED.size, "relation name in header is not UTF-8") from exc
+    return rel, int(seq), end + 4
+
+
+def scan_file(seg: SegmentFile, relation: str | None = None) -> tuple[Scan, bytes]:
+    """Scan a segment file, returning the scan over a private copy of its bytes."""
+    data = seg.path.read_bytes()
+    return scan_buffer(memoryview(data), seg.path, finished=seg.finished, relation=relation,
+                       seq=seg.seq), data
