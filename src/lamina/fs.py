@@ -25,11 +25,24 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+
+import crc32c as _crc32c
 
 from lamina.errors import StorageError
 
 TMP_SUFFIX = ".tmp"
+
+
+if not _crc32c.hardware_based:  # pragma: no cover - depends on the CPU
+    import warnings
+
+    warnings.warn("crc32c runs without SSE4.2/ARMv8 CRC instructions; checksums will be "
+                  "slow", RuntimeWarning, stacklevel=1)
+
+
+def crc32c(data: bytes | memoryview, value: int = 0) -> int:
+    """CRC32C (hardware-accelerated) of ``data``, continuing from ``value``."""
+    return int(_crc32c.crc32c(data, value))
 
 
 def _fail(op: str, path: Path | str, exc: OSError) -> StorageError:
@@ -82,16 +95,19 @@ class AppendFile:
             self._fd = -1
 
 
-class _SyncedWriter:
+class SyncedWriter:
     """A binary file-like object for library writers (pyarrow's Parquet writer); ``close``
-    fsyncs before the caller renames the file into place."""
+    fsyncs before the caller renames the file into place. Keeps a running CRC32C of what
+    was written, so a file's checksum costs no second read."""
 
     def __init__(self, handle: AppendFile) -> None:
         self._h = handle
         self.closed = False
+        self.crc32c = 0
 
     def write(self, data: bytes | memoryview) -> int:
         self._h.write(data)
+        self.crc32c = crc32c(data, self.crc32c)
         return len(data)
 
     def tell(self) -> int:
@@ -265,14 +281,14 @@ class FileSystem:
         return True
 
     @contextlib.contextmanager
-    def create_synced(self, path: Path) -> Iterator[BinaryIO]:
+    def create_synced(self, path: Path) -> Iterator[SyncedWriter]:
         """Yield a writer for a new file published at ``path`` when the block exits cleanly:
         the bytes go to a temp file, are fsynced, renamed into place and the directory is
         fsynced. On an exception the temp file is removed and ``path`` is untouched."""
         tmp = self.temp_path(path)
-        writer = _SyncedWriter(self.open_append(tmp, create=True))
+        writer = SyncedWriter(self.open_append(tmp, create=True))
         try:
-            yield writer  # type: ignore[misc]
+            yield writer
             writer.close()
             self.rename(tmp, path)
         except BaseException:

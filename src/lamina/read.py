@@ -6,10 +6,14 @@ yet. The trace state names the last converted segment, so a reader takes
 
     trace state version N  +  segments with a sequence number above N's converted_through
 
-and gets every acknowledged update exactly once. The compacter may publish version N+1,
-delete segments and collect batch files meanwhile; a reader that finds a file gone starts
-over from a fresh state (files named by kept versions outlive a grace period, so a retry
-succeeds).
+and gets every acknowledged update exactly once. The state is read *before* the segments
+are listed, and the listed tail must start right after ``converted_through``: if it does
+not, the compacter converted and deleted segments after the state was read, and the
+reader starts over (listing first would let a conversion hide a newer segment).
+
+The compacter may publish version N+1, delete segments and collect batch files meanwhile;
+a reader that finds a file gone starts over from a fresh state (files named by kept
+versions outlive a grace period, so a retry succeeds).
 """
 
 from __future__ import annotations
@@ -57,9 +61,12 @@ def updates_at(layout: Layout, meta: RelationMeta, as_of: int) -> pa.Table:
     for _ in range(_RETRIES):
         try:
             parts, converted_through = trace_updates(layout, meta, as_of)
-            for seg in list_segments(layout.wal_dir(meta.name)):
-                if seg.seq <= converted_through:
-                    continue
+            tail = [s for s in list_segments(layout.wal_dir(meta.name))
+                    if s.seq > converted_through]
+            if [s.seq for s in tail] != list(range(converted_through + 1,
+                                                   converted_through + 1 + len(tail))):
+                continue  # segments were converted and deleted after the state was read
+            for seg in tail:
                 parts.extend(_filter(t, as_of)
                              for t in segment_updates(seg, meta.name, meta.update_schema))
         except FileNotFoundError:

@@ -29,16 +29,10 @@ import enum
 import struct
 from dataclasses import dataclass
 
-import crc32c as _crc32c
 import pyarrow as pa
 
 from lamina.errors import CorruptionError
-
-if not _crc32c.hardware_based:  # pragma: no cover - depends on the CPU
-    import warnings
-
-    warnings.warn("crc32c runs without SSE4.2/ARMv8 CRC instructions; WAL checksums will be "
-                  "slow", RuntimeWarning, stacklevel=1)
+from lamina.fs import crc32c
 
 CLOSED = 2**64
 """The empty frontier: every time is closed."""
@@ -54,11 +48,6 @@ class RecordType(enum.IntEnum):
     UPDATES = 1
     PROGRESS = 2
     SINCE = 3
-
-
-def crc32c(data: bytes | memoryview, value: int = 0) -> int:
-    """CRC32C of ``data``, continuing from ``value``."""
-    return int(_crc32c.crc32c(data, value))
 
 
 def frame(rtype: RecordType, payload: bytes | memoryview) -> bytes:

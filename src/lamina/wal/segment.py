@@ -33,12 +33,12 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lamina.fs import crc32c
 from lamina.wal.record import (
     BadFrame,
     Record,
     RecordType,
     corrupt,
-    crc32c,
     decode_frontier,
     encode_frontier,
     find_valid_frame,

@@ -1,0 +1,139 @@
+"""Trace batches: immutable Parquet parts plus a description.
+
+A batch covers the half-open time interval ``[lower, upper)``. Its rows are updates
+(row columns, ``_time`` uint64, ``_diff`` int64), consolidated (no two rows with equal row
+and time, no zero diff) and ordered by (key columns, other row columns, time) across its
+parts in order. A time below ``lower`` only appears as the batch's ``since``, where logical
+compaction forwarded it.
+
+Files live under the relation's trace directory::
+
+    batches/<batch id>/part-00000.parquet   parts of one batch, written by parallel tasks
+    pending/<part id>.parquet               future updates (lamina.trace.pending)
+
+Ids are fresh per attempt (DESIGN §7 rule 4): a step re-run after a crash writes new
+files, and only what the published state names is data; the rest is garbage.
+
+Every file is published with the storage layer's temp + fsync + rename + directory fsync,
+and its CRC32C is recorded in the description and checked on every read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lamina.errors import CorruptionError
+from lamina.fs import FileSystem, crc32c
+
+PARQUET_COMPRESSION = "zstd"
+PARQUET_COMPRESSION_LEVEL = 1
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """One Parquet file: its path relative to the trace directory, rows, bytes, CRC32C."""
+
+    path: str
+    rows: int
+    bytes: int
+    crc32c: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "rows": self.rows, "bytes": self.bytes,
+                "crc32c": self.crc32c}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PartFile:
+        return cls(path=str(d["path"]), rows=int(d["rows"]), bytes=int(d["bytes"]),
+                   crc32c=int(d["crc32c"]))
+
+
+@dataclass(frozen=True)
+class BatchDesc:
+    """The description of one trace batch."""
+
+    id: str
+    lower: int
+    upper: int
+    since: int
+    level: int
+    parts: tuple[PartFile, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "lower": self.lower, "upper": self.upper, "since": self.since,
+                "level": self.level, "rows": self.rows, "bytes": self.bytes,
+                "parts": [p.to_dict() for p in self.parts]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BatchDesc:
+        desc = cls(id=str(d["id"]), lower=int(d["lower"]), upper=int(d["upper"]),
+                   since=int(d["since"]), level=int(d["level"]),
+                   parts=tuple(PartFile.from_dict(p) for p in d["parts"]))
+        if desc.rows != int(d["rows"]) or desc.bytes != int(d["bytes"]):
+            raise ValueError(f"batch {desc.id}: row or byte totals disagree with its parts")
+        return desc
+
+
+def batch_part_path(batch_id: str, index: int) -> str:
+    return f"batches/{batch_id}/part-{index:05d}.parquet"
+
+
+def write_part(fs: FileSystem, trace_dir: Path, rel_path: str, schema: pa.Schema,
+               tables: Iterable[pa.Table | pa.RecordBatch]) -> PartFile:
+    """Write ``tables`` (already ordered) as one Parquet file, durably; return its entry."""
+    final = trace_dir / rel_path
+    fs.makedirs(final.parent)
+    rows = 0
+    with fs.create_synced(final) as out:
+        writer = pq.ParquetWriter(out, schema, compression=PARQUET_COMPRESSION,
+                                  compression_level=PARQUET_COMPRESSION_LEVEL,
+                                  write_statistics=True)
+        try:
+            for t in tables:
+                if t.num_rows:
+                    writer.write(t if t.schema.equals(schema) else t.cast(schema))
+                    rows += t.num_rows
+        finally:
+            writer.close()
+        size, crc = out.tell(), out.crc32c
+    return PartFile(path=rel_path, rows=rows, bytes=size, crc32c=crc)
+
+
+def read_part(trace_dir: Path, part: PartFile, fs: FileSystem | None = None,
+              columns: list[str] | None = None) -> pa.Table:
+    """Read one part, checking size and checksum first. FileNotFoundError passes through
+    (a reader racing garbage collection retries); damage raises CorruptionError."""
+    path = trace_dir / part.path
+    data = (fs or FileSystem()).read_bytes(path)
+    if len(data) != part.bytes:
+        raise CorruptionError(f"batch file has {len(data)} bytes, its description says "
+                              f"{part.bytes}", path=path)
+    if crc32c(data) != part.crc32c:
+        raise CorruptionError("batch file checksum mismatch", path=path)
+    try:
+        table = pq.read_table(pa.BufferReader(data), columns=columns)
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptionError(f"batch file is not readable Parquet: {exc}", path=path) from exc
+    if table.num_rows != part.rows:
+        raise CorruptionError(f"batch file has {table.num_rows} rows, its description says "
+                              f"{part.rows}", path=path)
+    return table

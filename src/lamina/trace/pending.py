@@ -1,0 +1,54 @@
+"""The pending area: future updates, kept in exponentially growing time buckets.
+
+Updates may carry times at or beyond the upper of the batch that converts them (DESIGN
+§4). A conversion to new upper ``U`` moves such updates into *pending parts*, each covering
+one bucket, so a later conversion to ``U' > U`` reads only the parts whose bucket starts
+below ``U'``.
+
+Buckets relative to ``U``: time ``U`` is the bucket ``[U, U+1)``; a time ``t > U`` falls in
+the aligned block of size ``2**k`` that contains ``t``, where ``k`` is the highest bit in
+which ``t`` and ``U`` differ. Those blocks are disjoint, lie above ``U``, and grow with the
+distance from ``U``: at most 65 buckets, and a conversion that advances the upper by ``d``
+touches only buckets starting below ``U + d``.
+
+Parts from earlier conversions may overlap each other's ranges; each part names its own
+range, and readers take every part whose range starts at or below ``as_of``. To keep the
+state small, once more than ``MAX_PARTS`` parts would remain, a conversion consumes and
+rewrites all of them (an amortized cost, like a merge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lamina.schema import TIME
+
+MAX_PARTS = 64
+
+
+def bucket_of(t: int, upper: int) -> tuple[int, int]:
+    """The bucket ``[lo, hi)`` of time ``t >= upper`` relative to ``upper``."""
+    if t < upper:
+        raise ValueError(f"time {t} is below the upper {upper}: not a future update")
+    if t == upper:
+        return upper, upper + 1
+    k = (t ^ upper).bit_length() - 1
+    lo = (t >> k) << k
+    return lo, lo + (1 << k)
+
+
+def split_by_bucket(table: pa.Table, upper: int) -> Iterator[tuple[int, int, pa.Table]]:
+    """Split future updates (all ``_time >= upper``) into ``(lo, hi, rows)`` per bucket,
+    in increasing time order."""
+    remaining = table
+    while remaining.num_rows:
+        lo, hi = bucket_of(int(pc.min(remaining.column(TIME)).as_py()), upper)
+        if hi > 2**64 - 1:  # the last bucket reaches the end of time: everything left
+            yield lo, hi, remaining
+            return
+        inside = pc.less(remaining.column(TIME), pa.scalar(hi, pa.uint64()))
+        yield lo, hi, remaining.filter(inside)
+        remaining = remaining.filter(pc.invert(inside))

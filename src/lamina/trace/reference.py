@@ -1,0 +1,88 @@
+"""The in-process executor of conversion and merge plans, with pyarrow.
+
+This is the reference the Spark jobs (lamina.compacter.jobs) are tested against: given the
+same plan and inputs both produce the same batch rows, in the same order, and the same
+pending buckets. It holds a step's input in memory, so the daemon uses Spark instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lamina.consolidate import consolidate_updates, forward
+from lamina.schema import TIME, RelationMeta
+from lamina.trace.batch import PartFile, batch_part_path, new_id, read_part, write_part
+from lamina.trace.pending import split_by_bucket
+from lamina.trace.plan import ConversionPlan, MergePlan
+from lamina.trace.state import PendingPart, TraceState
+from lamina.trace.trace import Trace
+from lamina.wal.reader import segment_updates
+from lamina.wal.segment import SegmentFile
+
+
+def pending_path() -> str:
+    return f"pending/{new_id('p')}.parquet"
+
+
+def conversion_input(trace: Trace, plan: ConversionPlan) -> pa.Table:
+    meta = trace.meta
+    tables: list[pa.Table] = []
+    for span in plan.segments:
+        seg = SegmentFile(Path(span.path), span.seq, finished=True)
+        tables.extend(segment_updates(seg, meta.name, meta.update_schema))
+    tables.extend(read_part(trace.dir, p.part, trace.fs) for p in plan.consume)
+    return pa.concat_tables(tables) if tables else meta.update_schema.empty_table()
+
+
+def split_at(table: pa.Table, upper: int) -> tuple[pa.Table, pa.Table]:
+    """(updates before ``upper``, future updates at or after it)."""
+    if upper >= 2**64:
+        return table, table.schema.empty_table()
+    below = pc.less(table.column(TIME), pa.scalar(upper, pa.uint64()))
+    return table.filter(below), table.filter(pc.invert(below))
+
+
+def run_conversion(trace: Trace, plan: ConversionPlan) -> tuple[list[PartFile],
+                                                                 list[PendingPart]]:
+    meta = trace.meta
+    past, future = split_at(conversion_input(trace, plan), plan.upper)
+    ctx = f"conversion of {meta.name!r} to {plan.upper}"
+    batch = consolidate_updates(forward(past, plan.since), meta.row_columns,
+                                meta.sort_columns, context=ctx)
+    schema = meta.update_schema
+    parts = []
+    if batch.num_rows:
+        parts.append(write_part(trace.fs, trace.dir, batch_part_path(plan.batch_id, 0),
+                                schema, [batch]))
+    future = consolidate_updates(future, meta.row_columns, meta.sort_columns, context=ctx)
+    pending = [PendingPart(lo, hi, write_part(trace.fs, trace.dir, pending_path(), schema, [t]))
+               for lo, hi, t in split_by_bucket(future, plan.upper)]
+    return parts, pending
+
+
+def convert(trace: Trace, plan: ConversionPlan) -> TraceState:
+    parts, pending = run_conversion(trace, plan)
+    return trace.commit_conversion(plan, parts, pending)
+
+
+def merged_rows(trace: Trace, plan: MergePlan, meta: RelationMeta) -> pa.Table:
+    tables = [read_part(trace.dir, p, trace.fs) for b in (plan.left, plan.right)
+              for p in b.parts]
+    table = pa.concat_tables(tables) if tables else meta.update_schema.empty_table()
+    return consolidate_updates(forward(table, plan.since), meta.row_columns, meta.sort_columns,
+                               context=f"merge of {meta.name!r} [{plan.lower}, {plan.upper})")
+
+
+def run_merge(trace: Trace, plan: MergePlan) -> list[PartFile]:
+    table = merged_rows(trace, plan, trace.meta)
+    if not table.num_rows:
+        return []
+    return [write_part(trace.fs, trace.dir, batch_part_path(plan.batch_id, 0),
+                       trace.meta.update_schema, [table])]
+
+
+def merge(trace: Trace, plan: MergePlan) -> TraceState:
+    return trace.commit_merge(plan, run_merge(trace, plan))

@@ -1,0 +1,206 @@
+"""The versioned trace state of one relation and its compare-and-set publication.
+
+A state version is a JSON file ``state/{version:020d}.json`` in the relation's trace
+directory::
+
+    {"checksum": <CRC32C of the canonical JSON of "state">,
+     "state": {"format_version": 1, "version": N, "relation": "orders",
+               "relation_id": "<hex>", "upper": U, "since": S,
+               "converted_through": <last converted WAL segment sequence, 0 = none>,
+               "batches": [BatchDesc...], "pending": [PendingPart...]}}
+
+Publication is compare-and-set: version N+1 is created with an exclusive link of a synced
+temp file (``FileSystem.publish_exclusive``), so of two writers that both read version N
+exactly one creates N+1; the other gets StateConflictError and must stop. Data files are
+written before the state that names them (DESIGN §7).
+
+Recovery reads the newest version. A newest version that fails its checksum is corruption,
+not a reason to fall back to an older one: the WAL segments the newest version marked
+converted may already be deleted, so an older version would silently lose their updates.
+
+Size stays bounded: a state names only live batches (O(log N)) and pending parts (bounded
+by lamina.trace.pending), and only the newest ``keep`` versions are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lamina.errors import CorruptionError, StateConflictError
+from lamina.fs import FileSystem, crc32c
+from lamina.trace.batch import BatchDesc, PartFile
+
+FORMAT_VERSION = 1
+STATE_DIR = "state"
+
+
+@dataclass(frozen=True)
+class PendingPart:
+    """Future updates with times in ``[lower, upper)``, stored in one Parquet file."""
+
+    lower: int
+    upper: int
+    part: PartFile
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lower": self.lower, "upper": self.upper, "part": self.part.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PendingPart:
+        return cls(lower=int(d["lower"]), upper=int(d["upper"]),
+                   part=PartFile.from_dict(d["part"]))
+
+
+@dataclass(frozen=True)
+class TraceState:
+    """One version of a relation's trace."""
+
+    version: int
+    relation: str
+    relation_id: str
+    upper: int = 0
+    since: int = 0
+    converted_through: int = 0
+    batches: tuple[BatchDesc, ...] = ()
+    pending: tuple[PendingPart, ...] = field(default=())
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def empty(cls, relation: str, relation_id: str) -> TraceState:
+        """Version 0: the state before anything was converted (never written)."""
+        return cls(version=0, relation=relation, relation_id=relation_id)
+
+    def next(self, **changes: Any) -> TraceState:
+        return replace(self, version=self.version + 1, **changes)
+
+    def files(self) -> set[str]:
+        """Paths (relative to the trace dir) of every data file this version names."""
+        names = {p.path for b in self.batches for p in b.parts}
+        names.update(p.part.path for p in self.pending)
+        return names
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.bytes for b in self.batches) + sum(p.part.bytes for p in self.pending)
+
+    def batches_by_level(self) -> dict[int, int]:
+        levels: dict[int, int] = {}
+        for b in self.batches:
+            levels[b.level] = levels.get(b.level, 0) + 1
+        return dict(sorted(levels.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format_version": self.format_version, "version": self.version,
+                "relation": self.relation, "relation_id": self.relation_id,
+                "upper": self.upper, "since": self.since,
+                "converted_through": self.converted_through,
+                "batches": [b.to_dict() for b in self.batches],
+                "pending": [p.to_dict() for p in self.pending]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TraceState:
+        return cls(version=int(d["version"]), relation=str(d["relation"]),
+                   relation_id=str(d["relation_id"]), upper=int(d["upper"]),
+                   since=int(d["since"]), converted_through=int(d["converted_through"]),
+                   batches=tuple(BatchDesc.from_dict(b) for b in d["batches"]),
+                   pending=tuple(PendingPart.from_dict(p) for p in d["pending"]),
+                   format_version=int(d["format_version"]))
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode_state(state: TraceState) -> bytes:
+    body = state.to_dict()
+    return json.dumps({"checksum": crc32c(_canonical(body)), "state": body},
+                      sort_keys=True, indent=1).encode() + b"\n"
+
+
+def decode_state(data: bytes, path: Path) -> TraceState:
+    """Parse a state file; any damage raises CorruptionError naming the file."""
+    try:
+        doc = json.loads(data)
+        body = doc["state"]
+        if crc32c(_canonical(body)) != int(doc["checksum"]):
+            raise CorruptionError("trace state checksum mismatch", path=path)
+        if int(body["format_version"]) != FORMAT_VERSION:
+            raise CorruptionError(f"trace state format version {body['format_version']}; "
+                                  f"this lamina reads {FORMAT_VERSION}", path=path)
+        state = TraceState.from_dict(body)
+    except CorruptionError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise CorruptionError(f"trace state is unreadable: {exc!r}", path=path) from exc
+    if path.name != state_file_name(state.version):
+        raise CorruptionError(f"trace state says version {state.version}", path=path)
+    return state
+
+
+def state_file_name(version: int) -> str:
+    return f"{version:020d}.json"
+
+
+class StateStore:
+    """The ``state/`` directory of one relation's trace."""
+
+    def __init__(self, trace_dir: Path, fs: FileSystem) -> None:
+        self.dir = trace_dir / STATE_DIR
+        self.fs = fs
+
+    def versions(self) -> list[int]:
+        try:
+            names = [p.name for p in self.dir.iterdir()]
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            stem, dot, ext = n.partition(".")
+            if ext == "json" and dot and len(stem) == 20 and stem.isdigit():
+                out.append(int(stem))
+        return sorted(out)
+
+    def load(self, version: int) -> TraceState:
+        path = self.dir / state_file_name(version)
+        return decode_state(self.fs.read_bytes(path), path)
+
+    def load_latest(self) -> TraceState | None:
+        """The newest version, or None when nothing was published yet. A version deleted
+        by pruning between listing and reading is retried from a fresh listing."""
+        for _ in range(10):
+            versions = self.versions()
+            if not versions:
+                return None
+            try:
+                return self.load(versions[-1])
+            except FileNotFoundError:
+                continue
+        raise CorruptionError("trace state versions kept vanishing while loading", path=self.dir)
+
+    def publish(self, state: TraceState) -> None:
+        """Publish ``state`` as its version, which must not exist yet (compare-and-set)."""
+        self.fs.makedirs(self.dir)
+        path = self.dir / state_file_name(state.version)
+        newer = [v for v in self.versions() if v >= state.version]
+        if newer or not self.fs.publish_exclusive(path, encode_state(state)):
+            raise StateConflictError(
+                f"trace state version {state.version} of relation {state.relation!r} was "
+                "published by another writer; this writer stops (is a second compacter "
+                "running on the same data directory?)")
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete all but the newest ``keep`` versions; return the versions deleted."""
+        versions = self.versions()
+        doomed = versions[:-keep] if keep > 0 else []
+        for v in doomed:
+            self.fs.unlink(self.dir / state_file_name(v), sync_dir=False)
+        if doomed:
+            self.fs.fsync_dir(self.dir)
+        return doomed

@@ -1,0 +1,164 @@
+"""A relation's trace: its state versions and the steps that advance them.
+
+:class:`Trace` is the only writer of a trace directory (the compacter, or tests). It holds
+the newest state in memory, and every step follows DESIGN §7:
+
+1. data files of the step are written and synced (by an executor: reference or Spark),
+2. the next state version is published with compare-and-set,
+3. only then are inputs deleted (WAL segments now converted; merged parents' files are
+   left to garbage collection, since readers of older versions may still read them).
+
+Garbage collection (:meth:`Trace.collect_garbage`) prunes state versions beyond ``keep``
+and deletes data and temp files that no kept version names, once they are older than a
+grace period (a file younger than that may belong to a step still running).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lamina.errors import CorruptionError
+from lamina.fs import TMP_SUFFIX, FileSystem
+from lamina.schema import RelationMeta
+from lamina.trace.batch import BatchDesc, PartFile
+from lamina.trace.invariants import check_state
+from lamina.trace.plan import ConversionPlan, MergePlan, merged_level
+from lamina.trace.state import STATE_DIR, PendingPart, StateStore, TraceState
+from lamina.wal.segment import segment_name
+
+DATA_DIRS = ("batches", "pending")
+
+
+@dataclass(frozen=True)
+class GcReport:
+    versions_deleted: int
+    files_deleted: int
+    bytes_deleted: int
+
+
+class Trace:
+    """The writer's handle on one relation's trace directory."""
+
+    def __init__(self, trace_dir: Path, meta: RelationMeta, fs: FileSystem,
+                 state: TraceState) -> None:
+        self.dir = trace_dir
+        self.meta = meta
+        self.fs = fs
+        self.states = StateStore(trace_dir, fs)
+        self._state = state
+
+    @classmethod
+    def open(cls, trace_dir: Path, meta: RelationMeta, fs: FileSystem | None = None) -> Trace:
+        """Load the newest state (checking invariants). A trace left by a dropped relation of
+        the same name (another ``relation_id``) is removed first."""
+        fs = fs or FileSystem()
+        store = StateStore(trace_dir, fs)
+        state = store.load_latest()
+        if state is not None and state.relation_id != meta.relation_id:
+            fs.rmtree(trace_dir)
+            state = None
+        if state is None:
+            state = TraceState.empty(meta.name, meta.relation_id)
+        check_state(state, store.dir)
+        fs.makedirs(trace_dir)
+        return cls(trace_dir, meta, fs, state)
+
+    @property
+    def state(self) -> TraceState:
+        return self._state
+
+    def _publish(self, new: TraceState) -> TraceState:
+        check_state(new, self.states.dir)
+        self.states.publish(new)
+        self._state = new
+        return new
+
+    # --- steps --------------------------------------------------------------------------
+    def commit_conversion(self, plan: ConversionPlan, parts: Iterable[PartFile],
+                          new_pending: Iterable[PendingPart]) -> TraceState:
+        """Compare-and-append: the batch of ``plan`` (from its written ``parts``) and the
+        rewritten pending area, against the state the plan was made from."""
+        st = self._state
+        if st.upper != plan.lower or st.converted_through + 1 != plan.segments[0].seq:
+            raise CorruptionError(f"conversion planned at upper {plan.lower} but the trace is "
+                                  f"at {st.upper}", path=self.states.dir)
+        batches = st.batches
+        if plan.upper > plan.lower:
+            batch = BatchDesc(id=plan.batch_id, lower=plan.lower, upper=plan.upper,
+                              since=plan.since, level=0, parts=tuple(parts))
+            batches = (*batches, batch)
+        new = st.next(upper=plan.upper, since=plan.since, batches=batches,
+                      converted_through=plan.converted_through,
+                      pending=(*plan.keep, *new_pending))
+        return self._publish(new)
+
+    def commit_merge(self, plan: MergePlan, parts: Iterable[PartFile]) -> TraceState:
+        """Replace the plan's two batches by the merged one."""
+        st = self._state
+        i = plan.index
+        if st.batches[i:i + 2] != (plan.left, plan.right):
+            raise CorruptionError("merge planned against batches the trace no longer has",
+                                  path=self.states.dir)
+        parts = tuple(parts)
+        rows = sum(p.rows for p in parts)
+        merged = BatchDesc(id=plan.batch_id, lower=plan.lower, upper=plan.upper,
+                           since=plan.since, level=merged_level(plan, rows), parts=parts)
+        return self._publish(st.next(batches=(*st.batches[:i], merged, *st.batches[i + 2:])))
+
+    def delete_converted_segments(self, wal_dir: Path) -> int:
+        """Delete WAL segments the state marks converted (only ever after publication)."""
+        deleted = 0
+        for seq in self._converted_segment_files(wal_dir):
+            self.fs.unlink(wal_dir / segment_name(seq, finished=True), sync_dir=False)
+            deleted += 1
+        if deleted:
+            self.fs.fsync_dir(wal_dir)
+        return deleted
+
+    def _converted_segment_files(self, wal_dir: Path) -> list[int]:
+        from lamina.wal.segment import list_segments
+
+        return [s.seq for s in list_segments(wal_dir)
+                if s.finished and s.seq <= self._state.converted_through]
+
+    # --- garbage collection ---------------------------------------------------------------
+    def collect_garbage(self, *, keep_versions: int = 8, grace_seconds: float = 600.0,
+                        now: float | None = None) -> GcReport:
+        """Prune old state versions, then delete unnamed files older than the grace period."""
+        pruned = self.states.prune(max(keep_versions, 1))
+        named: set[str] = set()
+        for v in self.states.versions():
+            try:
+                named |= self.states.load(v).files()
+            except FileNotFoundError:
+                continue
+        named |= self._state.files()
+        cutoff = (time.time() if now is None else now) - grace_seconds
+        files = nbytes = 0
+        for sub in DATA_DIRS:
+            root = self.dir / sub
+            if not root.exists():
+                continue
+            for path in sorted(root.rglob("*"), reverse=True):
+                rel = path.relative_to(self.dir).as_posix()
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue
+                if path.is_dir():
+                    if not any(path.iterdir()) and st.st_mtime < cutoff:
+                        path.rmdir()
+                    continue
+                if rel in named or st.st_mtime >= cutoff:
+                    continue
+                self.fs.unlink(path, sync_dir=False)
+                files += 1
+                nbytes += st.st_size
+        for tmp in (self.dir / STATE_DIR).glob(f"*{TMP_SUFFIX}"):
+            if tmp.stat().st_mtime < cutoff:
+                self.fs.unlink(tmp, sync_dir=False)
+                files += 1
+        return GcReport(versions_deleted=len(pruned), files_deleted=files, bytes_deleted=nbytes)
