@@ -11,8 +11,9 @@
 gets a new id, and trace state of the old one is never read as the new one's.
 
 Row column types are those every part of the pipeline (Arrow IPC, Parquet, Spark) orders
-and groups the same way: signed integers, floats, bool, string, binary, date32,
-timestamp[us] and decimal128. ``_time`` (uint64) and ``_diff`` (int64) are reserved.
+and groups the same way: signed integers, float32/float64 (not float16: Arrow cannot sort
+it and Spark has no such type), bool, string, binary, date32, timestamp[us] and decimal128.
+``_time`` (uint64) and ``_diff`` (int64) are reserved.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def validate_name(name: object) -> str:
 
 def _supported(t: pa.DataType) -> bool:
     return bool(
-        pa.types.is_signed_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+        pa.types.is_signed_integer(t) or t in (pa.float32(), pa.float64())
+        or pa.types.is_boolean(t)
         or t in (pa.string(), pa.binary(), pa.date32())
         or (pa.types.is_timestamp(t) and t.unit == "us")
         or pa.types.is_decimal128(t))
@@ -82,8 +84,8 @@ class RelationMeta:
             if not _supported(f.type):
                 raise SchemaError(
                     f"column {f.name!r} has type {f.type}, which lamina does not store; use a "
-                    "signed integer, float, bool, string, binary, date32, timestamp[us] or "
-                    "decimal128 type")
+                    "signed integer, float32, float64, bool, string, binary, date32, "
+                    "timestamp[us] or decimal128 type")
         key_t = tuple(key or ())
         for k in key_t:
             if k not in names:

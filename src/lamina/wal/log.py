@@ -27,9 +27,6 @@ next) is recreated from the last finished segment's frontiers.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import os
 import threading
 from pathlib import Path
 from typing import Literal
@@ -40,12 +37,12 @@ from lamina.errors import (
     CorruptionError,
     FrontierRegressionError,
     InvalidArgumentError,
-    LockedError,
     StorageError,
     UpdateBeforeUpperError,
     WriterFailedError,
 )
 from lamina.fs import AppendFile, FileSystem
+from lamina.lock import DirLock
 from lamina.schema import TIME
 from lamina.wal.record import (
     CLOSED,
@@ -68,34 +65,6 @@ from lamina.wal.segment import (
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: tuple[str, ...] = ("always", "interval", "never")
 LOCK_NAME = "LOCK"
-
-
-class DirLock:
-    """An exclusive, non-blocking ``flock`` on a file, released on close or process death."""
-
-    def __init__(self, path: Path, what: str) -> None:
-        self.path = path
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise StorageError(exc.errno, f"cannot open lock file {path}: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise LockedError(f"{what} is held by another process (pid {holder}) through "
-                                  f"{path}; stop that process or use it instead") from exc
-            raise StorageError(exc.errno, f"cannot lock {path}: {exc.strerror}") from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class WalWriter:

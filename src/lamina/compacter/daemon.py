@@ -1,0 +1,231 @@
+"""The compacter daemon: discovery, per-relation pipelines, lifecycle.
+
+Start-up (all before READY=1 and a passing ``/readyz``):
+
+1. take ``<data>/compacter.lock`` (flock): a second daemon on the same data directory
+   refuses with LockedError;
+2. serve HTTP (``/healthz`` answers from here on);
+3. start the SparkSession (off the event loop);
+4. recover every relation: load the newest trace state, check invariants, delete segments
+   already converted; the time this takes is ``lamina_recovery_seconds``.
+
+Then every ``poll_interval`` it discovers relations in the WAL directory (no in-memory
+link to coordinators): new ones get a :class:`~lamina.compacter.pipeline.RelationPipeline`,
+dropped ones (``wal/.dropped/*``, or a trace without a WAL) are removed from disk.
+
+SIGTERM/SIGINT: stop taking work, let in-flight steps finish for up to
+``shutdown_grace_seconds``, then cancel their Spark job groups; STOPPING=1; exit 0. Every
+step is crash-safe, so SIGKILL is only a delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from typing import Any
+
+import structlog
+
+from lamina.compacter.executor import Executor, SparkExecutor
+from lamina.compacter.metrics import Metrics
+from lamina.compacter.pipeline import RelationPipeline
+from lamina.compacter.settings import Settings
+from lamina.errors import CorruptionError, LaminaError
+from lamina.fs import FileSystem
+from lamina.layout import Layout
+from lamina.lock import DirLock
+from lamina.schema import RelationMeta
+from lamina.status import relation_status
+
+log = structlog.get_logger("lamina.compacter")
+
+
+class Daemon:
+    """The compacter. ``await Daemon(settings).run()`` returns the process exit code."""
+
+    def __init__(self, settings: Settings, *, metrics: Metrics | None = None,
+                 fs: FileSystem | None = None, executor: Executor | None = None) -> None:
+        self.settings = settings
+        self.layout = Layout(settings.data_dir)
+        self.metrics = metrics or Metrics()
+        self.fs = fs or FileSystem()
+        self.executor = executor
+        self.pipelines: dict[str, RelationPipeline] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.stop = asyncio.Event()
+        self.recovered = False
+        self._spark: Any = None
+
+    # --- readiness and status (served over HTTP) -----------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        if not self.recovered:
+            return False, "recovering"
+        quarantined = sorted(n for n, p in self.pipelines.items() if p.quarantined)
+        if quarantined:
+            return False, f"quarantined relations: {', '.join(quarantined)}"
+        backlog = sum(p.backlog_bytes for p in self.pipelines.values())
+        if backlog > self.settings.ready_backlog_bytes:
+            return False, (f"WAL backlog {backlog} bytes exceeds "
+                           f"{self.settings.ready_backlog_bytes}")
+        return True, "ready"
+
+    def status(self) -> list[dict[str, Any]]:
+        return [relation_status(self.layout, name) for name in self.layout.relation_names()]
+
+    # --- main -----------------------------------------------------------------------------
+    async def run(self) -> int:
+        from lamina.compacter.http import build_app, start_http
+        from lamina.compacter.systemd import Notifier, watchdog_interval
+
+        started = time.monotonic()
+        self.fs.makedirs(self.layout.wal)
+        self.fs.makedirs(self.layout.trace)
+        lock = DirLock(self.layout.compacter_lock, f"data directory {self.settings.data_dir}")
+        notifier = Notifier()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_stop, sig)
+        runner = await start_http(build_app(self.metrics, self.status, self._ready_gauge),
+                                  self.settings.http_host, self.settings.http_port)
+        log.info("compacter starting", data_dir=str(self.settings.data_dir),
+                 spark_master=self.settings.spark_master, http=self.settings.http)
+        watchdog = asyncio.create_task(self._watchdog(notifier, watchdog_interval()))
+        try:
+            if self.executor is None:
+                self._spark = await asyncio.to_thread(self._build_spark)
+                if self.stop.is_set():
+                    return 0
+                self.executor = SparkExecutor(self._spark, self.settings.max_concurrent_jobs)
+            await self._discover()
+            await asyncio.gather(*(p.recover() for p in self.pipelines.values()
+                                   if p.trace is None))
+            self.recovered = True
+            elapsed = time.monotonic() - started
+            self.metrics.recovery_seconds.set(elapsed)
+            self._ready_gauge()
+            notifier.ready()
+            notifier.status(f"serving {len(self.pipelines)} relations")
+            log.info("compacter ready", relations=len(self.pipelines),
+                     recovery_seconds=round(elapsed, 3))
+            for name in self.pipelines:
+                self._start(name)
+            while not self.stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), self.settings.poll_interval)
+                if not self.stop.is_set():
+                    await self._discover(start=True)
+                    self._ready_gauge()
+            notifier.stopping()
+            await self._shutdown()
+            return 0
+        finally:
+            watchdog.cancel()
+            await runner.cleanup()
+            if self._spark is not None:
+                await asyncio.to_thread(self._spark.stop)
+            lock.close()
+            log.info("compacter stopped")
+
+    def _build_spark(self) -> Any:
+        from lamina.compacter.spark import build_session
+
+        conf = {"spark.driver.memory": self.settings.spark_driver_memory,
+                **self.settings.spark_conf}
+        return build_session(self.settings.spark_master, app_name="lamina-compacter", conf=conf)
+
+    def _request_stop(self, sig: signal.Signals) -> None:
+        if not self.stop.is_set():
+            log.info("stop requested; finishing in-flight steps", signal=sig.name,
+                     grace_seconds=self.settings.shutdown_grace_seconds)
+        self.stop.set()
+
+    def _ready_gauge(self) -> tuple[bool, str]:
+        ok, why = self.readiness()
+        self.metrics.ready.set(1 if ok else 0)
+        return ok, why
+
+    async def _watchdog(self, notifier: Any, interval: float | None) -> None:
+        if interval is None:
+            return
+        while True:
+            notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    # --- relations ------------------------------------------------------------------------
+    async def _discover(self, *, start: bool = False) -> None:
+        """Find new and dropped relations; remove what dropped relations left."""
+        names = set(await asyncio.to_thread(self.layout.relation_names))
+        for name in sorted(names - self.pipelines.keys()):
+            try:
+                meta = await asyncio.to_thread(self._read_meta, name)
+            except FileNotFoundError:
+                continue
+            except CorruptionError as exc:
+                log.error("relation metadata unreadable", relation=name, error=str(exc))
+                continue
+            pipe = RelationPipeline(name=name, meta=meta, layout=self.layout,
+                                    settings=self.settings, executor=self._executor(),
+                                    metrics=self.metrics, fs=self.fs)
+            if self.layout.quarantine_reason(name) is not None:
+                pipe.quarantined = self.layout.quarantine_reason(name)
+                self.metrics.quarantined.labels(relation=name).set(1)
+            self.pipelines[name] = pipe
+            if start:
+                await pipe.recover()
+                self._start(name)
+        for name in sorted(self.pipelines.keys() - names):
+            await self._forget(name)
+        for name, pipe in list(self.pipelines.items()):
+            if pipe.stopped == "relation dropped":
+                await self._forget(name)
+        await asyncio.to_thread(self._remove_dropped, names)
+        self.metrics.relations.set(len(self.pipelines))
+
+    def _executor(self) -> Executor:
+        assert self.executor is not None
+        return self.executor
+
+    def _read_meta(self, name: str) -> RelationMeta:
+        path = self.layout.wal_dir(name) / "relation.json"
+        return RelationMeta.from_json(path.read_bytes(), path)
+
+    def _start(self, name: str) -> None:
+        pipe = self.pipelines[name]
+        if name not in self.tasks and pipe.quarantined is None:
+            self.tasks[name] = asyncio.create_task(pipe.run(self.stop), name=f"pipeline-{name}")
+
+    async def _forget(self, name: str) -> None:
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, LaminaError):
+                await task
+        self.pipelines.pop(name, None)
+        self.metrics.forget_relation(name)
+        log.info("relation gone", relation=name)
+
+    def _remove_dropped(self, live: set[str]) -> None:
+        """Delete WALs of dropped relations and traces that no live relation owns."""
+        if self.layout.dropped.exists():
+            for d in self.layout.dropped.iterdir():
+                self.fs.rmtree(d)
+                log.info("dropped relation's WAL removed", path=str(d))
+        if self.layout.trace.exists():
+            for d in self.layout.trace.iterdir():
+                if d.is_dir() and d.name not in live and not self.layout.wal_dir(d.name).exists():
+                    self.fs.rmtree(d)
+                    log.info("dropped relation's trace removed", relation=d.name)
+
+    async def _shutdown(self) -> None:
+        tasks = list(self.tasks.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds)
+            if pending:
+                log.warning("grace period over; cancelling in-flight jobs", jobs=len(pending))
+                if self.executor is not None:
+                    self.executor.cancel_all()
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,294 @@
+"""One relation's compaction pipeline: a serial loop of steps.
+
+Each pass (:meth:`RelationPipeline.step`):
+
+1. **Convert**: the finished WAL segments after the trace's ``converted_through`` are
+   scanned (checksums verified on the driver, one segment in memory at a time), grouped
+   into one job up to ``max_segments_per_job`` / ``max_bytes_per_job`` (Spark's fixed cost
+   per job is paid once for many small segments), converted by the executor, and
+   committed with one compare-and-append; then the segments are deleted.
+2. **Merge**: while two adjacent batches share a level, merge the oldest such pair.
+3. **Collect garbage** every ``gc_interval_seconds``.
+
+Failures: a failing job is retried with exponential backoff (counted); corrupt input or an
+overflowing diff quarantines the relation (reported, the other relations go on); a lost
+compare-and-set stops the pipeline (another writer owns the trace). Every step is
+crash-safe by construction (lamina.trace.trace), so a kill anywhere is only a delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from lamina.compacter.executor import Executor
+from lamina.compacter.metrics import Metrics
+from lamina.compacter.settings import Settings
+from lamina.errors import (
+    CorruptionError,
+    DiffOverflowError,
+    JobError,
+    LaminaError,
+    StateConflictError,
+)
+from lamina.fs import FileSystem
+from lamina.layout import Layout
+from lamina.schema import RelationMeta
+from lamina.trace.plan import SegmentSpan, plan_conversion, plan_merge
+from lamina.trace.trace import Trace
+from lamina.wal.reader import finished_segments, frontiers
+from lamina.wal.segment import SegmentFile, scan_file
+
+T = TypeVar("T")
+log = structlog.get_logger("lamina.compacter")
+
+
+class PipelineStopped(Exception):
+    """The pipeline ended for good (quarantine, dropped relation, lost CAS)."""
+
+
+@dataclass
+class RelationPipeline:
+    name: str
+    meta: RelationMeta
+    layout: Layout
+    settings: Settings
+    executor: Executor
+    metrics: Metrics
+    fs: FileSystem
+    trace: Trace | None = None
+    quarantined: str | None = None
+    stopped: str | None = None
+    backlog_bytes: int = 0
+    _spans: dict[int, SegmentSpan] = field(default_factory=dict)
+    _last_gc: float = 0.0
+
+    @property
+    def wal_dir(self) -> Path:
+        return self.layout.wal_dir(self.name)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """Open the trace (checking invariants) and delete segments it already converted."""
+        try:
+            self.trace = await asyncio.to_thread(
+                Trace.open, self.layout.trace_dir(self.name), self.meta, self.fs)
+            deleted = await asyncio.to_thread(self.trace.delete_converted_segments,
+                                              self.wal_dir)
+        except CorruptionError as exc:
+            await self._quarantine(exc)
+            return
+        log.info("relation recovered", relation=self.name, version=self.trace.state.version,
+                 trace_upper=self.trace.state.upper, segments_deleted=deleted)
+        await asyncio.to_thread(self.refresh_metrics)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Step until ``stop`` is set or the pipeline ends."""
+        if self.trace is None and self.quarantined is None:
+            await self.recover()
+        while not stop.is_set() and self.quarantined is None and self.stopped is None:
+            try:
+                worked = await self.step(stop)
+            except PipelineStopped:
+                return
+            if not worked:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.poll_interval)
+
+    # --- steps ----------------------------------------------------------------------------
+    async def step(self, stop: asyncio.Event) -> bool:
+        """One pass: convert what is ready, merge, maybe collect garbage. True if it worked."""
+        assert self.trace is not None
+        try:
+            worked = await self._convert(stop)
+            while not stop.is_set() and (plan := plan_merge(self.trace.state)) is not None:
+                await self._merge(plan, stop)
+                worked = True
+            if time.monotonic() - self._last_gc >= self.settings.gc_interval_seconds:
+                await self._collect_garbage()
+        except (CorruptionError, DiffOverflowError) as exc:
+            await self._quarantine(exc)
+            raise PipelineStopped from exc
+        except StateConflictError as exc:
+            self.stopped = str(exc)
+            log.error("trace state conflict; pipeline stops", relation=self.name, error=str(exc))
+            raise PipelineStopped from exc
+        except FileNotFoundError as exc:
+            if not (self.wal_dir / "relation.json").exists():
+                self.stopped = "relation dropped"
+                log.info("relation dropped; pipeline stops", relation=self.name)
+                raise PipelineStopped from exc
+            raise
+        await asyncio.to_thread(self.refresh_metrics)
+        return worked
+
+    def _ready_spans(self) -> list[SegmentSpan]:
+        """Consecutive finished segments after the trace's, within the per-job limits."""
+        assert self.trace is not None
+        st = self.trace.state
+        spans: list[SegmentSpan] = []
+        size = 0
+        for seg in finished_segments(self.wal_dir):
+            if seg.seq <= st.converted_through:
+                continue
+            if seg.seq != st.converted_through + 1 + len(spans):
+                break
+            span = self._spans.get(seg.seq) or self._scan(seg)
+            if spans and (len(spans) >= self.settings.max_segments_per_job
+                          or size + span.bytes > self.settings.max_bytes_per_job):
+                break
+            spans.append(span)
+            size += span.bytes
+        self._spans = {s.seq: s for s in spans}
+        return spans
+
+    def _scan(self, seg: SegmentFile) -> SegmentSpan:
+        scan, data = scan_file(seg, self.name)
+        return SegmentSpan(seq=seg.seq, path=str(seg.path), lower=scan.lower, upper=scan.upper,
+                           since=scan.since, bytes=len(data))
+
+    async def _convert(self, stop: asyncio.Event) -> bool:
+        assert self.trace is not None
+        spans = await asyncio.to_thread(self._ready_spans)
+        if not spans:
+            return False
+        trace = self.trace
+        first, last = spans[0], spans[-1]
+        bound = log.bind(relation=self.name, segments=f"{first.seq}..{last.seq}",
+                         lower=first.lower, upper=last.upper)
+        started = time.monotonic()
+
+        async def attempt() -> Any:
+            plan = plan_conversion(trace.state, spans)
+            parts, pending = await self.executor.convert(self.name, trace, plan)
+            state = await asyncio.to_thread(trace.commit_conversion, plan, parts, pending)
+            return plan, parts, pending, state
+
+        plan, parts, pending, state = await self._retrying("conversion", attempt, stop, bound)
+        deleted = await asyncio.to_thread(trace.delete_converted_segments, self.wal_dir)
+        rows_out = sum(p.rows for p in parts) + sum(p.part.rows for p in pending)
+        bytes_out = sum(p.bytes for p in parts) + sum(p.part.bytes for p in pending)
+        in_bytes = sum(s.bytes for s in spans) + sum(p.part.bytes for p in plan.consume)
+        self._observe("conversion", started, rows_in=None, rows_out=rows_out,
+                      bytes_in=in_bytes, bytes_out=bytes_out)
+        bound.info("conversion committed", batch=plan.batch_id, version=state.version,
+                   rows_out=rows_out, bytes_out=bytes_out, segments_deleted=deleted,
+                   pending_parts=len(pending), seconds=round(time.monotonic() - started, 3))
+        return True
+
+    async def _merge(self, plan: Any, stop: asyncio.Event) -> None:
+        assert self.trace is not None
+        trace = self.trace
+        bound = log.bind(relation=self.name, left=plan.left.id, right=plan.right.id,
+                         level=plan.left.level)
+        started = time.monotonic()
+
+        async def attempt() -> Any:
+            fresh = plan_merge(trace.state)
+            assert fresh is not None
+            parts = await self.executor.merge(self.name, trace, fresh)
+            state = await asyncio.to_thread(trace.commit_merge, fresh, parts)
+            return fresh, parts, state
+
+        done, parts, state = await self._retrying("merge", attempt, stop, bound)
+        rows_in = done.left.rows + done.right.rows
+        self._observe("merge", started, rows_in=rows_in, rows_out=sum(p.rows for p in parts),
+                      bytes_in=done.left.bytes + done.right.bytes,
+                      bytes_out=sum(p.bytes for p in parts))
+        bound.info("merge committed", batch=done.batch_id, version=state.version,
+                   level_out=state.batches[done.index].level, rows_in=rows_in,
+                   rows_out=sum(p.rows for p in parts),
+                   seconds=round(time.monotonic() - started, 3))
+
+    async def _collect_garbage(self) -> None:
+        assert self.trace is not None
+        started = time.monotonic()
+        report = await asyncio.to_thread(self.trace.collect_garbage,
+                                         keep_versions=self.settings.keep_versions,
+                                         grace_seconds=self.settings.gc_grace_seconds)
+        self._last_gc = time.monotonic()
+        self.metrics.jobs.labels(kind="gc", outcome="success").inc()
+        self.metrics.job_seconds.labels(kind="gc").observe(time.monotonic() - started)
+        self.metrics.gc_files.inc(report.files_deleted)
+        self.metrics.gc_bytes.inc(report.bytes_deleted)
+        if report.files_deleted or report.versions_deleted:
+            log.info("garbage collected", relation=self.name, files=report.files_deleted,
+                     bytes=report.bytes_deleted, versions=report.versions_deleted,
+                     seconds=round(time.monotonic() - started, 3))
+
+    async def _retrying(self, kind: str, attempt: Callable[[], Awaitable[T]],
+                        stop: asyncio.Event, bound: Any) -> T:
+        delay = self.settings.retry_initial_seconds
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await attempt()
+            except JobError as exc:
+                self.metrics.jobs.labels(kind=kind, outcome="failure").inc()
+                if stop.is_set():
+                    raise PipelineStopped from exc
+                self.metrics.job_retries.labels(kind=kind).inc()
+                bound.warning(f"{kind} failed; retrying", attempt=tries, retry_in=delay,
+                              error=str(exc))
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                    raise PipelineStopped from exc
+                except TimeoutError:
+                    pass
+                delay = min(delay * 2, self.settings.retry_max_seconds)
+            except asyncio.CancelledError:
+                self.metrics.jobs.labels(kind=kind, outcome="cancelled").inc()
+                raise
+
+    def _observe(self, kind: str, started: float, *, rows_in: int | None, rows_out: int,
+                 bytes_in: int, bytes_out: int) -> None:
+        m = self.metrics
+        m.jobs.labels(kind=kind, outcome="success").inc()
+        m.job_seconds.labels(kind=kind).observe(time.monotonic() - started)
+        if rows_in is not None:
+            m.rows_in.labels(kind=kind).inc(rows_in)
+        m.rows_out.labels(kind=kind).inc(rows_out)
+        m.bytes_in.labels(kind=kind).inc(bytes_in)
+        m.bytes_out.labels(kind=kind).inc(bytes_out)
+
+    async def _quarantine(self, exc: LaminaError) -> None:
+        self.quarantined = str(exc)
+        await asyncio.to_thread(self.layout.quarantine, self.name, str(exc), self.fs)
+        self.metrics.quarantined.labels(relation=self.name).set(1)
+        log.error("relation quarantined", relation=self.name, error=str(exc))
+
+    # --- metrics --------------------------------------------------------------------------
+    def refresh_metrics(self) -> None:
+        """Recompute the relation's gauges from disk and the trace state."""
+        m = self.metrics
+        m.quarantined.labels(relation=self.name).set(1 if self.quarantined else 0)
+        if self.trace is None:
+            return
+        st = self.trace.state
+        pending_bytes = pending_segments = 0
+        for seg in finished_segments(self.wal_dir):
+            if seg.seq > st.converted_through:
+                try:
+                    pending_bytes += seg.path.stat().st_size
+                except FileNotFoundError:
+                    continue
+                pending_segments += 1
+        self.backlog_bytes = pending_bytes
+        m.wal_pending_bytes.labels(relation=self.name).set(pending_bytes)
+        m.wal_pending_segments.labels(relation=self.name).set(pending_segments)
+        m.trace_bytes.labels(relation=self.name).set(st.bytes)
+        m.trace_rows.labels(relation=self.name).set(st.rows)
+        m.set_levels(self.name, st.batches_by_level())
+        try:
+            upper, _ = frontiers(self.wal_dir, self.name)
+        except (FileNotFoundError, CorruptionError):
+            return
+        m.frontier_lag.labels(relation=self.name).set(max(0, min(upper, 2**64 - 1) - st.upper))

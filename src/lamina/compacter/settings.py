@@ -1,0 +1,94 @@
+"""The compacter's settings: one frozen, validated object built at start-up.
+
+Sources, later ones winning: defaults, a TOML file (``--config``; keys as below, at the top
+level or under a ``[lamina]`` table), ``LAMINA_<NAME>`` environment variables (e.g.
+``LAMINA_SPARK_MASTER``, ``LAMINA_POLL_INTERVAL``), then command-line flags. Unknown keys are
+errors, so a typo never passes silently. Defaults serve a laptop: ``./lamina-data``, Spark
+``local[*]``, HTTP on 127.0.0.1:9740.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lamina.errors import ConfigError
+
+ENV_PREFIX = "LAMINA_"
+
+
+class Settings(BaseModel):
+    """Every knob of the compacter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_dir: Path = Path("lamina-data")
+    spark_master: str = "local[*]"
+    spark_driver_memory: str = "1g"
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    http: str = "127.0.0.1:9740"
+    poll_interval: float = Field(1.0, gt=0, description="seconds between WAL directory scans")
+    max_concurrent_jobs: int = Field(2, ge=1)
+    max_segments_per_job: int = Field(64, ge=1)
+    max_bytes_per_job: int = Field(1 << 30, ge=1, description="WAL bytes per conversion")
+    retry_initial_seconds: float = Field(1.0, gt=0)
+    retry_max_seconds: float = Field(60.0, gt=0)
+    shutdown_grace_seconds: float = Field(30.0, ge=0)
+    gc_interval_seconds: float = Field(30.0, gt=0)
+    gc_grace_seconds: float = Field(600.0, ge=0)
+    keep_versions: int = Field(8, ge=1)
+    ready_backlog_bytes: int = Field(4 << 30, ge=0, description="WAL backlog above which "
+                                     "/readyz fails")
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("http")
+    @classmethod
+    def _check_http(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected HOST:PORT, got {v!r}")
+        return v
+
+    @property
+    def http_host(self) -> str:
+        return self.http.rpartition(":")[0].strip("[]")
+
+    @property
+    def http_port(self) -> int:
+        return int(self.http.rpartition(":")[2])
+
+
+def load_settings(config_file: str | os.PathLike[str] | None = None,
+                  env: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Merge defaults, TOML, environment and flags; raise ConfigError naming the bad key."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            with open(config_file, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {config_file} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from exc
+        values.update(doc.get("lamina", doc))
+    env = os.environ if env is None else env
+    fields = Settings.model_fields
+    for key, raw in env.items():
+        if key.startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX):].lower()
+            if name in fields:
+                values[name] = raw
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                             for e in exc.errors())
+        raise ConfigError(f"invalid settings: {problems}") from exc

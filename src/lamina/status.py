@@ -1,0 +1,57 @@
+"""Per-relation status, as ``lamina status`` prints it and ``/v1/relations`` serves it.
+
+Keys (DESIGN §3): ``name``, ``sealed_upper``, ``since``, ``trace_upper``,
+``wal_segments_pending``, ``wal_bytes_pending``, ``batches_by_level`` (level as a string
+to a count), ``trace_bytes``, ``quarantined``. Frontiers are integers; the empty frontier
+is ``2**64`` (lamina.CLOSED). Read from disk only, so it works with or without a daemon.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lamina.errors import CorruptionError
+from lamina.layout import Layout
+from lamina.schema import RelationMeta
+from lamina.trace.view import current_state
+from lamina.wal.reader import finished_segments, frontiers
+
+KEYS = ("name", "sealed_upper", "since", "trace_upper", "wal_segments_pending",
+        "wal_bytes_pending", "batches_by_level", "trace_bytes", "quarantined")
+
+
+def relation_status(layout: Layout, name: str) -> dict[str, Any]:
+    """The status of one relation; fields that cannot be read are None."""
+    out: dict[str, Any] = dict.fromkeys(KEYS)
+    out.update(name=name, quarantined=layout.quarantine_reason(name) is not None,
+               wal_segments_pending=0, wal_bytes_pending=0, batches_by_level={},
+               trace_bytes=0, trace_upper=0)
+    wal_dir = layout.wal_dir(name)
+    try:
+        meta = RelationMeta.from_json((wal_dir / "relation.json").read_bytes(),
+                                      wal_dir / "relation.json")
+        out["sealed_upper"], out["since"] = frontiers(wal_dir, name)
+        state = current_state(layout, meta)
+    except FileNotFoundError:
+        return out
+    except CorruptionError:
+        out["quarantined"] = True
+        return out
+    converted = 0
+    if state is not None:
+        converted = state.converted_through
+        out["trace_upper"] = state.upper
+        out["batches_by_level"] = {str(k): v for k, v in state.batches_by_level().items()}
+        out["trace_bytes"] = state.bytes
+    for seg in finished_segments(wal_dir):
+        if seg.seq > converted:
+            try:
+                out["wal_bytes_pending"] += seg.path.stat().st_size
+            except FileNotFoundError:
+                continue
+            out["wal_segments_pending"] += 1
+    return out
+
+
+def store_status(layout: Layout) -> list[dict[str, Any]]:
+    return [relation_status(layout, name) for name in layout.relation_names()]
