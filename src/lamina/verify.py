@@ -13,6 +13,7 @@ consolidation). A quarantined relation is reported as a problem.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from lamina.errors import CorruptionError, LaminaError
 from lamina.fs import FileSystem
@@ -20,6 +21,7 @@ from lamina.layout import Layout
 from lamina.schema import RelationMeta
 from lamina.trace.invariants import check_data, check_state
 from lamina.trace.state import StateStore
+from lamina.trace.trace import DATA_DIRS
 from lamina.wal.reader import updates_of
 from lamina.wal.segment import list_segments, scan_file
 
@@ -63,6 +65,11 @@ def verify_relation(layout: Layout, name: str) -> RelationReport:
             converted = state.converted_through
             report.batches = len(state.batches)
             report.files = len(state.files())
+            orphans = _unnamed_files(trace_dir, store)
+            if orphans:
+                report.notes.append(f"{orphans} data files no kept state version names "
+                                    "(garbage, deleted by the compacter after its grace "
+                                    "period)")
     except (LaminaError, FileNotFoundError) as exc:
         report.problems.append(str(exc))
     expected_lower: int | None = None
@@ -91,6 +98,14 @@ def verify_relation(layout: Layout, name: str) -> RelationReport:
         expected_seq = seg.seq + 1
         expected_lower = scan.upper if scan.records else expected_lower
     return report
+
+
+def _unnamed_files(trace_dir: Path, store: StateStore) -> int:
+    named: set[str] = set()
+    for v in store.versions():
+        named |= store.load(v).files()
+    return sum(1 for sub in DATA_DIRS for p in (trace_dir / sub).rglob("*")
+               if p.is_file() and p.relative_to(trace_dir).as_posix() not in named)
 
 
 def verify_store(layout: Layout) -> list[RelationReport]:

@@ -1,0 +1,2 @@
+"""Restart-recovery drills: a coordinator workload, an oracle of acknowledged writes, and
+the driver that kills and restarts processes and checks one against the other."""

@@ -1,0 +1,108 @@
+"""Run ``lamina serve`` as a real subprocess for tests: start, wait ready, signal, wait."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+LAMINA = str(Path(sys.executable).with_name("lamina"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DaemonProcess:
+    """A compacter subprocess with fast polling, its logs captured to a file."""
+
+    def __init__(self, data_dir: Path, log_path: Path, *, master: str = "local[2]",
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.log_path = log_path
+        env = dict(os.environ)
+        env.update({
+            "LAMINA_POLL_INTERVAL": "0.2", "LAMINA_GC_INTERVAL_SECONDS": "1",
+            "LAMINA_GC_GRACE_SECONDS": "2", "LAMINA_RETRY_INITIAL_SECONDS": "0.2",
+            "LAMINA_LOG_FORMAT": "json", "LAMINA_SHUTDOWN_GRACE_SECONDS": "20",
+            "LAMINA_SPARK_DRIVER_MEMORY": "1g",
+        })
+        env.update(extra_env or {})
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(
+            [LAMINA, "serve", "--data-dir", str(data_dir), "--spark-master", master,
+             "--http", f"127.0.0.1:{self.port}"],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return int(r.status), bytes(r.read())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), bytes(exc.read())
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n"
+                                     + self.log_path.read_text()[-4000:])
+            try:
+                code, _ = self.get("/readyz")
+                if code == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("daemon not ready in time:\n" + self.log_path.read_text()[-4000:])
+
+    def relations(self) -> list[dict[str, Any]]:
+        code, body = self.get("/v1/relations")
+        assert code == 200
+        rows: list[dict[str, Any]] = json.loads(body)
+        return rows
+
+    def wait_caught_up(self, relation: str, sealed_upper: int, timeout: float = 180.0) -> None:
+        """Until the trace covers every finished segment and no segment is pending."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r in self.relations():
+                if (r["name"] == relation and r["wal_segments_pending"] == 0
+                        and r["trace_upper"] > 0 and r["sealed_upper"] == sealed_upper):
+                    return
+            if self.proc.poll() is not None:
+                raise AssertionError("daemon died:\n" + self.log_path.read_text()[-4000:])
+            time.sleep(0.3)
+        raise AssertionError(f"daemon did not catch up: {self.relations()}\n"
+                             + self.log_path.read_text()[-3000:])
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def __enter__(self) -> DaemonProcess:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self._log.close()
