@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,18 +15,16 @@ from pathlib import Path
 import pytest
 
 from lamina.drill.oracle import Oracle
+from lamina.drill.procs import DaemonProcess, start_workload
 from lamina.store import Store
 from lamina.verify import verify_store
-from tests.compacter.daemon_proc import DaemonProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 def run_workload(data_dir: Path, ack: Path, *, seed: int, ops: int,
                  pause: float = 0.0) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "lamina.drill.workload", str(data_dir),
-                             str(ack), "--seed", str(seed), "--ops", str(ops),
-                             "--segment-bytes", "4096", "--pause", str(pause)])
+    return start_workload(data_dir, ack, seed=seed, ops=ops, pause=pause)
 
 
 def check_against_oracle(data_dir: Path, ack: Path) -> Oracle:

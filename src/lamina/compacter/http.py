@@ -6,7 +6,7 @@
 |  | default, OpenMetrics or text 1.0.0 when the scraper's ``Accept`` asks for it |
 | ``GET /healthz`` | ``200 ok`` while the process and its event loop live (a liveness probe) |
 | ``GET /readyz`` | ``200`` and the reason when ``readiness()`` says ready, else ``503`` and the |
-|  | reason (a readiness probe: recovery running, backlog too large, shutting down) |
+|  | reason (a readiness probe: e.g. recovery running, a relation quarantined) |
 | ``GET /v1/relations`` | the JSON array ``status()`` returns, one object per relation, with the |
 |  | keys of ``lamina status --json`` |
 
@@ -96,7 +96,7 @@ async def start_http(app: web.Application, host: str, port: int) -> web.AppRunne
     cannot be bound (port taken, address not local, privileged port)."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS)
+    site = web.TCPSite(runner, host, port)
     try:
         await site.start()
     except OSError as exc:

@@ -45,6 +45,8 @@ from prometheus_client import (
 
 import lamina
 
+JOB_KINDS = ("conversion", "merge", "gc")
+OUTCOMES = ("success", "failure", "cancelled")
 JOB_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -95,6 +97,11 @@ class Metrics:
         self.build_info = Gauge("lamina_build_info", "Build information", ["version"],
                                 registry=r)
         self.build_info.labels(version=lamina.__version__).set(1)
+        for kind in JOB_KINDS:  # series exist from the start, so increase() sees the first
+            self.job_retries.labels(kind=kind)
+            self.job_seconds.labels(kind=kind)
+            for outcome in OUTCOMES:
+                self.jobs.labels(kind=kind, outcome=outcome)
 
     def forget_relation(self, relation: str) -> None:
         """Drop every series of a relation that no longer exists."""

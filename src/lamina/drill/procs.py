@@ -1,4 +1,5 @@
-"""Run ``lamina serve`` as a real subprocess for tests: start, wait ready, signal, wait."""
+"""Run ``lamina serve`` and the drill workload as real subprocesses: start, wait until
+ready, signal, wait. Shared by ``lamina drill`` and the end-to-end tests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,7 +30,7 @@ class DaemonProcess:
     """A compacter subprocess with fast polling, its logs captured to a file."""
 
     def __init__(self, data_dir: Path, log_path: Path, *, master: str = "local[2]",
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.log_path = log_path
@@ -106,3 +108,16 @@ class DaemonProcess:
             self.proc.kill()
             self.proc.wait(30)
         self._log.close()
+
+
+def start_workload(data_dir: Path, ack: Path, *, seed: int, ops: int, pause: float = 0.0,
+                   segment_bytes: int = 4096, env: Mapping[str, str] | None = None,
+                   quiet: bool = False) -> subprocess.Popen[bytes]:
+    """Start the drill workload (lamina.drill.workload) as a subprocess."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen([sys.executable, "-m", "lamina.drill.workload", str(data_dir),
+                             str(ack), "--seed", str(seed), "--ops", str(ops),
+                             "--segment-bytes", str(segment_bytes), "--pause", str(pause)],
+                            env=full_env, stdout=out, stderr=out)

@@ -1,0 +1,90 @@
+"""Fail points: named places where a test or drill can make lamina crash or fail.
+
+Switched on by configuration only, through the ``LAMINA_FAILPOINTS`` environment
+variable read at import::
+
+    LAMINA_FAILPOINTS="trace.after_batch_written=kill@2,fs.before_rename=error"
+
+Actions: ``kill`` (SIGKILL this process), ``error`` (raise OSError(EIO) at that point),
+``sleep:<seconds>``; ``@N`` fires on the N-th time the point is reached (default: the
+first). When the variable is unset, :func:`hit` is one truthiness test of an empty dict.
+
+The points (each at a step boundary of DESIGN §7):
+
+| name | where |
+|---|---|
+| ``wal.mid_record`` | the WAL writer has written half of a record |
+| ``wal.after_write`` | a record is written, before its fsync |
+| ``fs.before_rename`` / ``fs.after_rename`` | around every rename of the storage layer |
+| ``trace.after_batch_written`` | a conversion's files are durable, the state not yet |
+| ``trace.mid_merge`` | a merge's files are durable, the state not yet |
+| ``trace.after_state_published`` | the new state is durable, inputs not yet deleted |
+| ``trace.mid_segment_delete`` | between deletions of converted segments |
+| ``gc.before_delete`` / ``gc.after_delete`` | around garbage collection's deletions |
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+ENV = "LAMINA_FAILPOINTS"
+NAMES = ("wal.mid_record", "wal.after_write", "fs.before_rename", "fs.after_rename",
+         "trace.after_batch_written", "trace.mid_merge", "trace.after_state_published",
+         "trace.mid_segment_delete", "gc.before_delete", "gc.after_delete")
+
+
+@dataclass
+class _Point:
+    action: str
+    nth: int
+    hits: int = 0
+
+
+def parse(spec: str) -> dict[str, _Point]:
+    """Parse a ``LAMINA_FAILPOINTS`` value; unknown names or actions raise ValueError."""
+    points: dict[str, _Point] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, rest = item.partition("=")
+        if not sep or name not in NAMES:
+            raise ValueError(f"{ENV}: unknown fail point {name!r}; known: {', '.join(NAMES)}")
+        action, _, nth = rest.partition("@")
+        if action not in ("kill", "error") and not action.startswith("sleep:"):
+            raise ValueError(f"{ENV}: unknown action {action!r} for {name}")
+        points[name] = _Point(action, int(nth or 1))
+    return points
+
+
+ACTIVE: dict[str, _Point] = parse(os.environ.get(ENV, ""))
+
+
+def hit(name: str) -> None:
+    """Reach fail point ``name``: nothing happens unless it is configured."""
+    if ACTIVE:
+        _trigger(name)
+
+
+def armed(name: str) -> bool:
+    """True if ``name`` is configured and its next hit fires (for ``wal.mid_record``,
+    where the writer must tear the record itself before the kill)."""
+    p = ACTIVE.get(name)
+    return p is not None and p.hits + 1 == p.nth
+
+
+def _trigger(name: str) -> None:
+    p = ACTIVE.get(name)
+    if p is None:
+        return
+    p.hits += 1
+    if p.hits != p.nth:
+        return
+    if p.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)  # SIGKILL is delivered asynchronously; never run past the point
+    elif p.action == "error":
+        raise OSError(errno.EIO, f"fail point {name}")
+    else:
+        time.sleep(float(p.action.split(":", 1)[1]))

@@ -1,0 +1,130 @@
+"""configure_logging: JSON lines with the keys the daemon binds, stdlib routing, console."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+from structlog.contextvars import bound_contextvars
+
+from lamina.compacter.logs import NOISY_LOGGERS, configure_logging
+from lamina.errors import ConfigError
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """Put the root logger and structlog back as they were: configure_logging is global."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    noisy = {n: logging.getLogger(n).level for n in NOISY_LOGGERS}
+    yield
+    for h in list(root.handlers):
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
+    for n, lvl in noisy.items():
+        logging.getLogger(n).setLevel(lvl)
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+
+
+def lines(buf: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def test_json_lines_carry_bound_keys() -> None:
+    buf = io.StringIO()
+    configure_logging("json", "info", stream=buf)
+    log = structlog.get_logger("lamina.compacter.daemon").bind(relation="orders")
+    log.info("conversion.committed", segments=[17, 18], batch="b-000042",
+             duration_seconds=1.84)
+    with bound_contextvars(job="merge", batch="b-000043"):
+        structlog.get_logger("lamina.trace").warning("merge.slow", duration_seconds=61.0)
+    log.debug("hidden at info")
+
+    first, second = lines(buf)
+    assert first["event"] == "conversion.committed"
+    assert first["level"] == "info"
+    assert first["logger"] == "lamina.compacter.daemon"
+    assert ISO_UTC.match(first["timestamp"]), first["timestamp"]
+    assert first["relation"] == "orders"
+    assert first["segments"] == [17, 18]
+    assert first["batch"] == "b-000042"
+    assert first["duration_seconds"] == 1.84
+    assert second["event"] == "merge.slow"
+    assert second["level"] == "warning"
+    assert (second["job"], second["batch"]) == ("merge", "b-000043")
+    assert ISO_UTC.match(second["timestamp"])
+
+
+def test_exceptions_are_one_json_line() -> None:
+    buf = io.StringIO()
+    configure_logging("json", "info", stream=buf)
+    try:
+        raise RuntimeError("spark said no")
+    except RuntimeError:
+        structlog.get_logger("lamina").exception("job.failed", relation="orders")
+    [rec] = lines(buf)
+    assert rec["level"] == "error"
+    assert "RuntimeError: spark said no" in rec["exception"]
+
+
+def test_stdlib_loggers_are_routed_and_noisy_ones_held_at_warning() -> None:
+    buf = io.StringIO()
+    configure_logging("json", "debug", stream=buf)
+    logging.getLogger("py4j.clientserver").info("chatty")
+    logging.getLogger("aiohttp.access").info("GET /metrics")
+    logging.getLogger("pyspark").warning("executor %s lost", 3)
+    logging.getLogger("lamina.wal").debug("segment %d finished", 7,
+                                          extra={"relation": "orders"})
+    recs = lines(buf)
+    assert [r["event"] for r in recs] == ["executor 3 lost", "segment 7 finished"]
+    assert recs[0]["logger"] == "pyspark"
+    assert recs[0]["level"] == "warning"
+    assert ISO_UTC.match(recs[0]["timestamp"])
+    assert recs[1]["relation"] == "orders"
+    assert recs[1]["level"] == "debug"
+
+
+def test_auto_is_json_off_a_tty_and_console_on_one() -> None:
+    buf = io.StringIO()
+    configure_logging("auto", "info", stream=buf)
+    structlog.get_logger("lamina").info("hello", relation="orders")
+    assert lines(buf)[0]["relation"] == "orders"
+
+    tty = FakeTTY()
+    configure_logging("auto", "info", stream=tty)
+    structlog.get_logger("lamina").info("hello", relation="orders")
+    out = tty.getvalue()
+    assert "hello" in out
+    assert "relation" in out
+    assert not out.lstrip().startswith("{")
+
+
+def test_reconfiguring_replaces_the_handler() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging("json", "info", stream=first)
+    configure_logging("json", "warning", stream=second)
+    structlog.get_logger("lamina").info("dropped")
+    structlog.get_logger("lamina").warning("kept")
+    assert first.getvalue() == ""
+    assert [r["event"] for r in lines(second)] == ["kept"]
+
+
+def test_bad_level_is_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown log level"):
+        configure_logging("json", "loud")
