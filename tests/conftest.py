@@ -34,3 +34,19 @@ def spark() -> Iterator[object]:
     session = build_session("local[2]", app_name="lamina-tests")
     yield session
     session.stop()
+
+
+# --- helpers for the WAL and store suites ---------------------------------------------------
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file and directory under ``root`` by relative path: a SHA-256 of a file's
+    bytes, ``"dir"`` for a directory. Two equal digests mean the disk did not change."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    if not root.exists():
+        return out
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out

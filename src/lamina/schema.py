@@ -24,6 +24,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -105,10 +106,16 @@ class RelationMeta:
         """Batch order: key columns, then the other row columns."""
         return list(self.key) + [n for n in self.schema.names if n not in self.key]
 
-    @property
+    @cached_property
     def update_schema(self) -> pa.Schema:
         return self.schema.append(pa.field(TIME, pa.uint64(), False)).append(
             pa.field(DIFF, pa.int64(), False))
+
+    @cached_property
+    def loose_update_schema(self) -> pa.Schema:
+        """``update_schema`` with every field nullable: what ``pa.table()`` makes of
+        updates built by hand (the fast path of :func:`conform_updates`)."""
+        return pa.schema([f.with_nullable(True) for f in self.update_schema])
 
     def to_json(self) -> bytes:
         doc = {
@@ -150,6 +157,14 @@ def conform_updates(meta: RelationMeta, data: pa.Table | pa.RecordBatch) -> pa.T
         raise SchemaError(f"updates must be a pyarrow Table or RecordBatch, got "
                           f"{type(data).__name__}")
     want = meta.update_schema
+    if data.schema.equals(want) or data.schema.equals(meta.loose_update_schema):
+        # The common case, decided in C: right names, order and types. Only nulls in
+        # non-nullable columns remain to be checked.
+        columns = data.columns
+        for field, col in zip(want, columns, strict=True):
+            if not field.nullable and col.null_count:
+                raise _nulls_error(field, col)
+        return pa.Table.from_arrays(columns, schema=want)
     have = set(data.column_names)
     missing = [n for n in want.names if n not in have]
     extra = [n for n in data.column_names if n not in want.names]
@@ -176,10 +191,14 @@ def conform_updates(meta: RelationMeta, data: pa.Table | pa.RecordBatch) -> pa.T
                 raise SchemaError(f"column {field.name!r} cannot be converted from {col.type} "
                                   f"to {field.type} without loss: {exc}") from exc
         if not field.nullable and col.null_count:
-            raise SchemaError(f"column {field.name!r} holds {col.null_count} nulls but is "
-                              "not nullable")
+            raise _nulls_error(field, col)
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=want)
+
+
+def _nulls_error(field: pa.Field, col: pa.ChunkedArray) -> SchemaError:
+    return SchemaError(f"column {field.name!r} holds {col.null_count} nulls but is not "
+                       "nullable")
 
 
 def _castable(src: pa.DataType, dst: pa.DataType) -> bool:

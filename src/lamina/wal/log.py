@@ -13,7 +13,8 @@ Durability (DESIGN §4, §7):
 - ``fsync="never"``: the OS decides (tests, scratch data). Finishing a segment still
   syncs, so finished segments are always complete.
 - A write or sync error fails the writer for good (no retried fsync trusted to the page
-  cache): every later call raises WriterFailedError; reopening recovers from disk.
+  cache): every later call raises WriterFailedError; the open segment is cut back to the
+  records acknowledged before the failure; reopening recovers from disk.
 
 Rotation: ``seal`` writes a PROGRESS record; when the open segment has passed
 ``segment_bytes`` the segment is finished (sync, rename ``.wal.open`` to ``.wal``, sync the
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lamina.errors import (
     CorruptionError,
@@ -46,10 +48,11 @@ from lamina.lock import DirLock
 from lamina.schema import TIME
 from lamina.wal.record import (
     CLOSED,
+    HEADER_SIZE,
     MAX_PAYLOAD,
     RecordType,
     encode_frontier,
-    encode_updates,
+    encode_updates_record,
     frame,
 )
 from lamina.wal.segment import (
@@ -91,11 +94,15 @@ class WalWriter:
         self._synced = 0
         self._failed: BaseException | None = None
         self._closed = False
+        self._tail_progress = False  # the open segment ends with a PROGRESS record
         try:
             self._file, self.seq, self._upper, self._since = self._recover()
         except BaseException:
             self._lock.close()
             raise
+        # Bytes of the open segment that every acknowledged call lies within: what a
+        # failure cuts back to (see _fail).
+        self._acked_size = self._file.size
         self._flusher: threading.Thread | None = None
         if fsync == "interval":
             self._stop = threading.Event()
@@ -116,13 +123,16 @@ class WalWriter:
         if opened:
             seg = opened[0]
             scan, _ = scan_file(seg, self.relation)
-            if scan.records:
+            # A segment opens with PROGRESS(lower) and SINCE(since), written at once; with
+            # fewer records its opening was torn (keeping it would lose the since).
+            if len(scan.records) >= 2:
                 handle = self.fs.open_append(seg.path)
                 if scan.torn_at is not None:
                     handle.truncate(scan.valid_end)
                     handle.sync()
+                self._tail_progress = scan.records[-1].rtype is RecordType.PROGRESS
                 return handle, seg.seq, scan.upper, scan.since
-            # Torn header or no record: nothing in it was ever acknowledged. Rebuild it.
+            # Torn header or opening: nothing in it was ever acknowledged. Rebuild it.
             self.fs.unlink(seg.path)
             prev = [s for s in segments if s.finished]
             lower, since = self._frontiers_of(prev[-1]) if prev else (0, 0)
@@ -164,12 +174,12 @@ class WalWriter:
         """Write one UPDATES record for ``table`` (already conformed to the schema)."""
         if table.num_rows == 0:
             return
-        payload = encode_updates(table)
-        if len(payload) > MAX_PAYLOAD:
-            raise InvalidArgumentError(f"append of {len(payload)} encoded bytes exceeds the "
-                                       f"{MAX_PAYLOAD}-byte record limit; split the table")
-        record = frame(RecordType.UPDATES, payload)
-        min_time = int(pa.compute.min(table.column(TIME)).as_py())
+        record = encode_updates_record(table)
+        if len(record) - HEADER_SIZE > MAX_PAYLOAD:
+            raise InvalidArgumentError(f"append of {len(record) - HEADER_SIZE} encoded bytes "
+                                       f"exceeds the {MAX_PAYLOAD}-byte record limit; split "
+                                       "the table")
+        min_time = int(pc.min_max(table.column(TIME))["min"].as_py())  # cheaper than pc.min
         with self._mu:
             self._check_usable()
             if min_time < self._upper:
@@ -191,13 +201,13 @@ class WalWriter:
                     f"backwards from {_fmt(self._upper)}; an upper never decreases")
             if upper == self._upper:
                 return
-            seqno = self._write(frame(RecordType.PROGRESS, encode_frontier(upper)))
+            seqno = self._write(frame(RecordType.PROGRESS, encode_frontier(upper)),
+                                progress=True)
             self._upper = upper
             rotate = self._file.size >= self.segment_bytes
         if rotate:
             self._rotate()
-        else:
-            self._await_durable(seqno)
+        self._await_durable(seqno)
 
     def allow_compaction(self, since: int) -> None:
         """Allow history before ``since`` to be forgotten."""
@@ -218,13 +228,16 @@ class WalWriter:
             self._since = since
         self._await_durable(seqno)
 
-    def _write(self, data: bytes) -> int:
-        """Append ``data`` to the open segment; caller holds ``_mu``."""
+    def _write(self, data: bytes | memoryview, *, progress: bool = False) -> int:
+        """Append one record to the open segment; caller holds ``_mu``."""
         try:
             self._file.write(data)
         except StorageError as exc:
             self._fail(exc)
             raise
+        self._tail_progress = progress
+        if self.policy != "always":  # acknowledged once written
+            self._acked_size = self._file.size
         self._written += 1
         return self._written
 
@@ -237,8 +250,14 @@ class WalWriter:
                 f"({self._failed}); close and reopen the store to recover from disk")
 
     def _fail(self, exc: BaseException) -> None:
+        """Stop the writer for good; caller holds ``_mu``. The open segment is cut back to
+        what was acknowledged: a failed fsync leaves unsynced records in the page cache
+        (possibly marked clean yet never written), and a reopen must neither read them as
+        if they were durable nor append durable records after a hole."""
         if self._failed is None:
             self._failed = exc
+            with contextlib.suppress(StorageError):
+                self._file.truncate(self._acked_size)
 
     # --- group commit -----------------------------------------------------------------------
     def _await_durable(self, seqno: int) -> None:
@@ -266,14 +285,17 @@ class WalWriter:
     def _sync_once(self) -> None:
         """fdatasync what was written so far; the caller holds the sync token."""
         with self._mu:
-            target, handle = self._written, self._file
+            target, handle, size = self._written, self._file, self._file.size
         if self._failed is not None:
             return
         try:
             handle.sync()
         except StorageError as exc:
-            self._fail(exc)
+            with self._mu:
+                self._fail(exc)
             raise
+        with self._mu:
+            self._acked_size = max(self._acked_size, size)
         with self._sync_cv:
             self._synced = max(self._synced, target)
 
@@ -302,15 +324,23 @@ class WalWriter:
 
         def rotate() -> None:
             with self._mu:
-                if self._failed is not None:
+                # Calls may have run between the seal and this point: another rotation
+                # (then this segment is new and small), or appends and since records
+                # after the seal's PROGRESS (then the segment needs a closing PROGRESS).
+                if self._failed is not None or self._file.size < self.segment_bytes:
                     return
                 try:
+                    if not self._tail_progress:
+                        self._write(frame(RecordType.PROGRESS, encode_frontier(self._upper)),
+                                    progress=True)
                     old, seq = self._file, self.seq
                     old.sync()
                     self.fs.rename(old.path, self.dir / segment_name(seq, finished=True))
                     old.close()
                     self._file = self._create_segment(seq + 1, self._upper, self._since)
                     self.seq = seq + 1
+                    self._tail_progress = False
+                    self._acked_size = self._file.size
                     with self._sync_cv:
                         self._synced = self._written
                 except StorageError as exc:

@@ -35,7 +35,8 @@ def frontiers(wal_dir: Path, relation: str) -> tuple[int, int]:
             scan, _ = scan_file(segments[-1], relation)
         except FileNotFoundError:
             continue
-        if not scan.records:  # an open segment being created: its predecessor knows
+        if len(scan.records) < 2 and not segments[-1].finished:
+            # an open segment being created (or with a torn opening): its predecessor knows
             if len(segments) < 2:
                 return 0, 0
             try:

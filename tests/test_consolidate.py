@@ -1,0 +1,170 @@
+"""lamina.consolidate: forwarding, consolidation with checked sums, order, snapshots.
+
+The reference is a plain-Python oracle: a dict from (row, time) to the exact integer sum of
+diffs, with Python's unbounded ints, so an int64 wrap in pyarrow would show up as a
+mismatch and an overflow must surface as DiffOverflowError.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lamina.consolidate import (
+    INT64_MAX,
+    INT64_MIN,
+    consolidate,
+    consolidate_updates,
+    forward,
+    snapshot_of,
+)
+from lamina.errors import DiffOverflowError
+from lamina.schema import DIFF, TIME
+from lamina.wal.record import CLOSED, MAX_TIME
+
+Row = tuple[int | None, str | None, int, int]  # k, s, _time, _diff
+
+
+def _table(rows: list[Row]) -> pa.Table:
+    return pa.table({
+        "k": pa.array([r[0] for r in rows], pa.int64()),
+        "s": pa.array([r[1] for r in rows], pa.string()),
+        TIME: pa.array([r[2] for r in rows], pa.uint64()),
+        DIFF: pa.array([r[3] for r in rows], pa.int64()),
+    })
+
+
+def _order_key(row: tuple[object, ...]) -> tuple[object, ...]:
+    """Ascending, nulls first: the order consolidate() promises."""
+    out: list[object] = []
+    for v in row:
+        out.extend((v is not None, v if v is not None else 0))
+    return tuple(out)
+
+
+def _oracle(rows: list[Row], *, since: int = 0, as_of: int | None = None,
+            keep_time: bool = True) -> list[tuple[object, ...]] | None:
+    """Consolidated rows (sorted), or None when some sum leaves int64."""
+    sums: dict[tuple[object, ...], int] = defaultdict(int)
+    for k, s, time, d in rows:
+        t = max(time, since)
+        if as_of is not None and t > as_of:
+            continue
+        sums[(k, s, t) if keep_time else (k, s)] += d
+    if any(not INT64_MIN <= v <= INT64_MAX for v in sums.values()):
+        return None
+    return sorted(((*key, v) for key, v in sums.items() if v != 0),
+                  key=lambda r: _order_key(r[:-1]))
+
+
+def _rows_of(table: pa.Table) -> list[tuple[object, ...]]:
+    cols = [table.column(c).to_pylist() for c in table.column_names]
+    return list(zip(*cols, strict=True))
+
+
+diffs = st.one_of(
+    st.integers(-3, 3),
+    st.sampled_from([INT64_MAX, INT64_MIN, 2**62, -(2**62), INT64_MAX - 1]),
+    st.integers(INT64_MIN, INT64_MAX),
+)
+rows_strategy = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.integers(-3, 3)),
+        st.one_of(st.none(), st.sampled_from(["", "a", "b", "\u00e9", "\U0001f600", "ab"])),
+        st.one_of(st.integers(0, 5), st.just(MAX_TIME)),
+        diffs,
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_strategy)
+def test_consolidate_matches_the_oracle(rows: list[Row]) -> None:
+    """Rows equal in (k, s, _time) add their diffs exactly, zero sums vanish, the result is
+    ordered by k, s, _time with nulls first; a sum outside int64 raises DiffOverflowError
+    (never a wrapped value)."""
+    expected = _oracle(rows)
+    table = _table(rows)
+    if expected is None:
+        with pytest.raises(DiffOverflowError, match="outside the int64 range"):
+            consolidate_updates(table, ["k", "s"], ["k", "s"], context="t")
+        return
+    out = consolidate_updates(table, ["k", "s"], ["k", "s"], context="t")
+    assert out.column_names == ["k", "s", TIME, DIFF]
+    assert out.schema.field(DIFF).type == pa.int64()
+    assert _rows_of(out) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows_strategy, st.integers(0, 6), st.integers(0, 6))
+def test_forward_then_snapshot_matches_the_oracle(rows: list[Row], since: int,
+                                                  as_of: int) -> None:
+    """Logical compaction: times below ``since`` read as ``since``; a snapshot at ``as_of``
+    sums every update with time <= as_of per row and drops the time column."""
+    forwarded = forward(_table(rows), since)
+    assert all(t >= since for t in forwarded.column(TIME).to_pylist())
+    assert forwarded.column(TIME).to_pylist() == [max(r[2], since) for r in rows]
+    expected = _oracle(rows, since=since, as_of=as_of, keep_time=False)
+    if expected is None:
+        with pytest.raises(DiffOverflowError):
+            snapshot_of(forwarded, as_of, ["k", "s"], ["k", "s"], context="t")
+        return
+    out = snapshot_of(forwarded, as_of, ["k", "s"], ["k", "s"], context="t")
+    assert out.column_names == ["k", "s", DIFF]
+    assert _rows_of(out) == expected
+
+
+def test_forward_edges() -> None:
+    """since=0 changes nothing; since=CLOSED forwards every time to the largest time;
+    times at or above since are kept."""
+    t = _table([(1, "a", 0, 1), (1, "a", 5, 1), (1, "a", MAX_TIME, 1)])
+    assert forward(t, 0) is t
+    assert forward(t, 5).column(TIME).to_pylist() == [5, 5, MAX_TIME]
+    assert forward(t, CLOSED).column(TIME).to_pylist() == [MAX_TIME] * 3
+    empty = _table([])
+    assert forward(empty, 3).num_rows == 0
+
+
+@pytest.mark.parametrize(("diffs_in", "overflows"), [
+    ([2**62, 2**62], True),                    # exactly 2**63: one past INT64_MAX
+    ([INT64_MAX, 1], True),
+    ([INT64_MIN, -1], True),
+    ([INT64_MAX, INT64_MAX, INT64_MAX], True),
+    ([2**62, 2**62, -(2**62)], False),         # the running sum leaves int64, the total not
+    ([INT64_MAX, 1, -1], False),
+    ([INT64_MIN], False),
+    ([INT64_MAX, INT64_MIN], False),           # -1
+])
+def test_checked_sums(diffs_in: list[int], overflows: bool) -> None:
+    """Only the final sum per row and time must fit int64; when it does not, the error is
+    DiffOverflowError (also an ArithmeticError) carrying the offending sum."""
+    table = _table([(1, "x", 0, d) for d in diffs_in])
+    if overflows:
+        with pytest.raises(DiffOverflowError, match=str(sum(diffs_in))) as info:
+            consolidate(table, ["k", "s", TIME], ["k"], context="ctx")
+        assert isinstance(info.value, ArithmeticError)
+        assert "ctx" in str(info.value)
+    else:
+        out = consolidate(table, ["k", "s", TIME], ["k"], context="ctx")
+        assert out.column(DIFF).to_pylist() == ([sum(diffs_in)] if sum(diffs_in) else [])
+
+
+def test_consolidate_empty_table_keeps_columns() -> None:
+    """An empty input gives an empty output with the group columns and _diff."""
+    out = consolidate(_table([]), ["k", TIME], ["k"])
+    assert out.num_rows == 0
+    assert out.column_names == ["k", TIME, DIFF]
+
+
+def test_order_follows_the_given_columns() -> None:
+    """The result is sorted by ``order`` (here s before k), nulls first, and only the
+    columns in ``group_columns`` survive, in the table's column order."""
+    rows: list[Row] = [(2, "a", 0, 1), (1, "b", 0, 1), (None, "b", 0, 1), (3, None, 0, 1)]
+    out = consolidate(_table(rows), ["s", "k"], ["s", "k"])
+    assert out.column_names == ["k", "s", DIFF]
+    assert _rows_of(out) == [(3, None, 1), (2, "a", 1), (None, "b", 1), (1, "b", 1)]

@@ -1,0 +1,247 @@
+"""lamina.fs: the storage layer's durability rules, observed through FileSystem subclasses
+that override the ``os_*`` primitives (the sanctioned seam; nothing is patched)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from lamina.errors import StorageError
+from lamina.fs import FileSystem
+
+
+class RecordingFS(FileSystem):
+    """Logs every primitive call, in order, as (operation, path name)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def os_write(self, fd: int, data: memoryview, path: Path) -> int:
+        self.calls.append(("write", path.name))
+        return super().os_write(fd, data, path)
+
+    def os_fdatasync(self, fd: int, path: Path) -> None:
+        self.calls.append(("fdatasync", path.name))
+        super().os_fdatasync(fd, path)
+
+    def os_fsync_dir(self, path: Path) -> None:
+        self.calls.append(("fsync_dir", path.name))
+        super().os_fsync_dir(path)
+
+    def os_rename(self, src: Path, dst: Path) -> None:
+        self.calls.append(("rename", dst.name))
+        super().os_rename(src, dst)
+
+    def os_link(self, src: Path, dst: Path) -> None:
+        self.calls.append(("link", dst.name))
+        super().os_link(src, dst)
+
+    def ops(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+class TrickleFS(FileSystem):
+    """A disk that accepts at most ``chunk`` bytes per write (short writes)."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+        self.writes = 0
+
+    def os_write(self, fd: int, data: memoryview, path: Path) -> int:
+        self.writes += 1
+        return os.write(fd, data[: self.chunk])
+
+
+class FailingFS(FileSystem):
+    """Raises OSError(err) from one primitive."""
+
+    def __init__(self, op: str, err: int) -> None:
+        self.op = op
+        self.err = err
+
+    def os_write(self, fd: int, data: memoryview, path: Path) -> int:
+        if self.op == "write":
+            raise OSError(self.err, os.strerror(self.err))
+        return super().os_write(fd, data, path)
+
+    def os_fdatasync(self, fd: int, path: Path) -> None:
+        if self.op == "fdatasync":
+            raise OSError(self.err, os.strerror(self.err))
+        super().os_fdatasync(fd, path)
+
+    def os_rename(self, src: Path, dst: Path) -> None:
+        if self.op == "rename":
+            raise OSError(self.err, os.strerror(self.err))
+        super().os_rename(src, dst)
+
+
+def _names(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_write_atomic_is_temp_sync_rename_syncdir(tmp_path: Path) -> None:
+    """write_atomic writes a temp file in the same directory, fdatasyncs it, renames it
+    over the target and fsyncs the directory, in that order (DESIGN §7 rule 2); no temp
+    file is left and an existing file is replaced whole."""
+    fs = RecordingFS()
+    target = tmp_path / "state.json"
+    target.write_bytes(b"old")
+    fs.write_atomic(target, b"new contents")
+    assert target.read_bytes() == b"new contents"
+    assert _names(tmp_path) == ["state.json"]
+    assert fs.ops() == ["write", "fdatasync", "rename", "fsync_dir"]
+    assert fs.calls[0][1].startswith(".state.json.")
+    assert fs.calls[0][1].endswith(".tmp")
+
+
+def test_write_atomic_failure_leaves_target_and_no_temp(tmp_path: Path) -> None:
+    """A failed fsync or rename raises StorageError and leaves the old file untouched and
+    no temp file behind."""
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    for op in ("fdatasync", "rename"):
+        with pytest.raises(StorageError) as info:
+            FailingFS(op, errno.EIO).write_atomic(target, b"new")
+        assert info.value.errno == errno.EIO
+        assert target.read_bytes() == b"old"
+        assert _names(tmp_path) == ["f"]
+
+
+def test_publish_exclusive_is_a_compare_and_set(tmp_path: Path) -> None:
+    """The first publish wins; a second returns False and changes nothing; no temp file
+    survives either way."""
+    fs = RecordingFS()
+    target = tmp_path / "v1"
+    assert fs.publish_exclusive(target, b"first")
+    assert "link" in fs.ops()
+    assert fs.ops()[-1] == "fsync_dir"
+    assert not fs.publish_exclusive(target, b"second")
+    assert target.read_bytes() == b"first"
+    assert _names(tmp_path) == ["v1"]
+
+
+def test_short_writes_are_completed(tmp_path: Path) -> None:
+    """AppendFile.write loops over short writes until every byte is written."""
+    fs = TrickleFS(chunk=3)
+    path = tmp_path / "f"
+    handle = fs.open_append(path, create=True)
+    data = bytes(range(256)) * 4
+    handle.write(data)
+    handle.sync()
+    handle.close()
+    assert path.read_bytes() == data
+    assert handle.size == len(data)
+    assert fs.writes == -(-len(data) // 3)
+
+
+def test_zero_progress_write_is_an_error(tmp_path: Path) -> None:
+    """A write that makes no progress raises StorageError instead of spinning."""
+    handle = TrickleFS(chunk=0).open_append(tmp_path / "f", create=True)
+    with pytest.raises(StorageError, match="no progress"):
+        handle.write(b"abc")
+    handle.close()
+
+
+@pytest.mark.parametrize(("op", "err"), [("write", errno.ENOSPC), ("write", errno.EIO),
+                                         ("fdatasync", errno.EIO)])
+def test_os_errors_become_storage_errors(tmp_path: Path, op: str, err: int) -> None:
+    """ENOSPC and EIO come out as StorageError (an OSError) with the errno, the operation
+    and the path in the message."""
+    fs = FailingFS(op, err)
+    path = tmp_path / "f"
+    handle = fs.open_append(path, create=True)
+    if op == "write":
+        with pytest.raises(StorageError) as info:
+            handle.write(b"x")
+    else:
+        handle.write(b"x")
+        with pytest.raises(StorageError) as info:
+            handle.sync()
+    handle.close()
+    assert info.value.errno == err
+    assert isinstance(info.value, OSError)
+    assert op in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_open_append_create_is_exclusive(tmp_path: Path) -> None:
+    """open_append(create=True) refuses an existing file; without create it appends."""
+    fs = FileSystem()
+    path = tmp_path / "f"
+    h = fs.open_append(path, create=True)
+    h.write(b"ab")
+    h.close()
+    with pytest.raises(StorageError):
+        fs.open_append(path, create=True)
+    h = fs.open_append(path)
+    assert h.size == 2
+    h.write(b"cd")
+    h.truncate(3)
+    h.close()
+    assert path.read_bytes() == b"abc"
+
+
+def test_makedirs_syncs_each_new_parent(tmp_path: Path) -> None:
+    """makedirs creates missing parents and fsyncs the parent of each new directory."""
+    fs = RecordingFS()
+    fs.makedirs(tmp_path / "a" / "b" / "c")
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    assert fs.calls == [("fsync_dir", tmp_path.name), ("fsync_dir", "a"), ("fsync_dir", "b")]
+    fs.calls.clear()
+    fs.makedirs(tmp_path / "a")
+    assert fs.calls == []
+
+
+def test_create_synced_publishes_on_success_only(tmp_path: Path) -> None:
+    """create_synced publishes the file (sync, rename, dir sync) when the block ends;
+    an exception inside leaves neither the target nor a temp file."""
+    fs = RecordingFS()
+    target = tmp_path / "part.parquet"
+    with fs.create_synced(target) as f:
+        f.write(b"hello ")
+        f.write(b"world")
+    assert target.read_bytes() == b"hello world"
+    assert fs.ops()[-3:] == ["fdatasync", "rename", "fsync_dir"]
+    other = tmp_path / "other"
+
+    def fail_midway() -> None:
+        with fs.create_synced(other) as f:
+            f.write(b"partial")
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fail_midway()
+    assert _names(tmp_path) == ["part.parquet"]
+
+
+def test_unlink_rename_and_rmtree(tmp_path: Path) -> None:
+    """unlink tolerates a missing file (or refuses it with missing_ok=False), rename syncs
+    both directories, rmtree removes a nested tree and syncs its parent."""
+    fs = RecordingFS()
+    fs.unlink(tmp_path / "absent")
+    with pytest.raises(FileNotFoundError):
+        fs.unlink(tmp_path / "absent", missing_ok=False)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "f").write_bytes(b"1")
+    fs.calls.clear()
+    fs.rename(tmp_path / "a" / "f", tmp_path / "b" / "f")
+    assert fs.calls == [("rename", "f"), ("fsync_dir", "b"), ("fsync_dir", "a")]
+    (tmp_path / "b" / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "b" / "deep" / "er" / "g").write_bytes(b"2")
+    fs.rmtree(tmp_path / "b")
+    assert _names(tmp_path) == ["a"]
+    fs.rmtree(tmp_path / "b")  # already gone: no error
+
+
+def test_read_bytes_errors(tmp_path: Path) -> None:
+    """A missing file passes through as FileNotFoundError (readers racing a deleter);
+    other read errors are StorageErrors."""
+    fs = FileSystem()
+    with pytest.raises(FileNotFoundError):
+        fs.read_bytes(tmp_path / "absent")
+    with pytest.raises(StorageError):
+        fs.read_bytes(tmp_path)  # a directory
