@@ -286,8 +286,6 @@ def test_first_call_of_a_fresh_handle_can_be_refused(data_dir: Path) -> None:
         {k: v for k, v in before.items() if not k.endswith("/LOCK")}
 
 
-@pytest.mark.xfail(strict=True, reason="store.py: Relation methods do not check that the "
-                   "Store is closed; a write after close silently opens a new writer")
 def test_handles_refuse_writes_after_the_store_is_closed(data_dir: Path) -> None:
     """After Store.close, a write through an old handle must be refused instead of
     silently taking the writer lock again (which would then never be released)."""

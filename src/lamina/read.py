@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lamina.consolidate import snapshot_of
-from lamina.errors import AsOfOutOfRangeError, CorruptionError, InvalidArgumentError
+from lamina.errors import AsOfOutOfRangeError, InvalidArgumentError, StorageError
 from lamina.layout import Layout
 from lamina.schema import TIME, RelationMeta
 from lamina.wal.reader import frontiers, segment_updates
@@ -74,8 +74,8 @@ def updates_at(layout: Layout, meta: RelationMeta, as_of: int) -> pa.Table:
         if not parts:
             return meta.update_schema.empty_table()
         return pa.concat_tables(parts)
-    raise CorruptionError(f"relation {meta.name!r}: files kept vanishing while reading; is "
-                          "garbage collection running with a zero grace period?")
+    raise StorageError(f"relation {meta.name!r}: files kept vanishing while reading; is "
+                       "garbage collection running with a zero grace period?")
 
 
 def snapshot(layout: Layout, meta: RelationMeta, as_of: int, *, upper: int,

@@ -12,9 +12,11 @@ nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -30,7 +32,7 @@ from lamina.fs import FileSystem
 from lamina.layout import Layout
 from lamina.read import relation_frontiers, snapshot
 from lamina.schema import RelationMeta, conform_updates, validate_name
-from lamina.wal.log import FSYNC_POLICIES, FsyncPolicy, WalWriter
+from lamina.wal.log import FSYNC_POLICIES, LOCK_NAME, FsyncPolicy, WalWriter
 from lamina.wal.segment import encode_header, opening_records, segment_name
 
 META_NAME = "relation.json"
@@ -86,6 +88,7 @@ class Store:
         self.fs.makedirs(staging)
         try:
             self.fs.write_atomic(staging / META_NAME, meta.to_json())
+            self.fs.write_atomic(staging / LOCK_NAME, b"")  # so taking the lock adds no file
             first = staging / segment_name(1, finished=False)
             handle = self.fs.open_append(first, create=True)
             try:
@@ -192,17 +195,32 @@ class Relation:
     def wal_dir(self) -> Path:
         return self.store.layout.wal_dir(self.name)
 
-    def _writer_or_open(self) -> WalWriter:
+    def _check_usable(self) -> None:
+        self.store._check_open()
         if self.dropped:
             raise RelationNotFoundError(f"relation {self.name!r} was dropped")
+
+    def _writer_or_open(self) -> WalWriter:
+        self._check_usable()
         with self._mu:
             if self._writer is None:
                 self.store.layout.check_not_quarantined(self.name)
-                self._writer = WalWriter(self.wal_dir, self.name, fs=self.store.fs,
-                                         fsync=self.store.fsync,
-                                         segment_bytes=self.store.segment_bytes,
-                                         fsync_interval=self.store.fsync_interval)
+                with self._quarantine_on_corruption():
+                    self._writer = WalWriter(self.wal_dir, self.name, fs=self.store.fs,
+                                             fsync=self.store.fsync,
+                                             segment_bytes=self.store.segment_bytes,
+                                             fsync_interval=self.store.fsync_interval)
             return self._writer
+
+    @contextlib.contextmanager
+    def _quarantine_on_corruption(self) -> Iterator[None]:
+        """Corruption found by this process quarantines the relation (DESIGN §4): the
+        marker stops the compacter and other writers until an operator repairs it."""
+        try:
+            yield
+        except CorruptionError as exc:
+            self.store.layout.quarantine(self.name, str(exc), self.store.fs)
+            raise
 
     def append(self, updates: pa.Table | pa.RecordBatch) -> None:
         """Append updates (row columns + ``_time`` + ``_diff``); durable on return."""
@@ -226,16 +244,17 @@ class Relation:
         return self._frontiers()[1]
 
     def _frontiers(self) -> tuple[int, int]:
+        self._check_usable()
         if self._writer is not None:
             return self._writer.upper, self._writer.since
-        if self.dropped:
-            raise RelationNotFoundError(f"relation {self.name!r} was dropped")
-        return relation_frontiers(self.wal_dir, self.name)
+        with self._quarantine_on_corruption():
+            return relation_frontiers(self.wal_dir, self.name)
 
     def snapshot(self, as_of: int) -> pa.Table:
         """The consolidated rows at ``as_of`` with their ``_diff``, ordered by key."""
         upper, since = self._frontiers()
-        return snapshot(self.store.layout, self.meta, as_of, upper=upper, since=since)
+        with self._quarantine_on_corruption():
+            return snapshot(self.store.layout, self.meta, as_of, upper=upper, since=since)
 
     def _close(self) -> None:
         with self._mu:

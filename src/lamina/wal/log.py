@@ -17,12 +17,15 @@ Durability (DESIGN §4, §7):
   records acknowledged before the failure; reopening recovers from disk.
 
 Rotation: ``seal`` writes a PROGRESS record; when the open segment has passed
-``segment_bytes`` the segment is finished (sync, rename ``.wal.open`` to ``.wal``, sync the
-directory) and a new open segment starts with PROGRESS(upper) and SINCE(since).
+``segment_bytes``, the next segment is created with PROGRESS(upper) and SINCE(since) and
+synced (file and directory), and only then is the old one finished (sync, rename
+``.wal.open`` to ``.wal``, sync the directory). So at every crash point some open segment
+holds both frontiers, even after the compacter deleted every finished segment.
 
 Recovery on open: the open segment keeps its longest valid prefix (a torn tail is cut off
-and the cut synced); a missing open segment (crash between finishing one and creating the
-next) is recreated from the last finished segment's frontiers.
+and the cut synced). Two open segments in a row mean a crash during rotation: if the newer
+one's opening is complete the older is finished now, else the newer is removed and the
+older stays open.
 """
 
 from __future__ import annotations
@@ -114,12 +117,23 @@ class WalWriter:
     def _recover(self) -> tuple[AppendFile, int, int, int]:
         segments = list_segments(self.dir)
         opened = [s for s in segments if not s.finished]
-        if len(opened) > 1:
-            raise CorruptionError(f"relation {self.relation!r} has {len(opened)} open "
-                                  "segments; expected one", path=opened[-1].path)
-        if opened and segments[-1] is not opened[0]:
+        if len(opened) > 2 or (len(opened) == 2 and opened[1].seq != opened[0].seq + 1):
+            raise CorruptionError(f"relation {self.relation!r} has open segments "
+                                  f"{[s.seq for s in opened]}; expected one, or two in a row "
+                                  "after a crash during rotation", path=opened[-1].path)
+        if opened and segments[-1] is not opened[-1]:
             raise CorruptionError("the open segment is older than a finished one",
-                                  path=opened[0].path)
+                                  path=opened[-1].path)
+        if len(opened) == 2:
+            # A crash during rotation: the next segment was being created, or was created
+            # and synced but the old one not yet renamed (see _rotate).
+            older, newer = opened
+            if len(scan_file(newer, self.relation)[0].records) >= 2:
+                self.fs.rename(older.path, self.dir / segment_name(older.seq, finished=True))
+                opened = [newer]
+            else:
+                self.fs.unlink(newer.path)
+                opened = [older]
         if opened:
             seg = opened[0]
             scan, _ = scan_file(seg, self.relation)
@@ -132,9 +146,14 @@ class WalWriter:
                     handle.sync()
                 self._tail_progress = scan.records[-1].rtype is RecordType.PROGRESS
                 return handle, seg.seq, scan.upper, scan.since
-            # Torn header or opening: nothing in it was ever acknowledged. Rebuild it.
-            self.fs.unlink(seg.path)
+            # A torn opening can only be left by an older lamina (rotation now makes the
+            # next segment durable first) or by damage. Nothing in it was acknowledged.
             prev = [s for s in segments if s.finished]
+            if not prev and seg.seq != 1:
+                raise CorruptionError(
+                    f"relation {self.relation!r}: the open segment's opening is torn and no "
+                    "finished segment is left to recover the frontiers from", path=seg.path)
+            self.fs.unlink(seg.path)
             lower, since = self._frontiers_of(prev[-1]) if prev else (0, 0)
             return self._create_segment(seg.seq, lower, since), seg.seq, lower, since
         finished = [s for s in segments if s.finished]
@@ -333,11 +352,19 @@ class WalWriter:
                     if not self._tail_progress:
                         self._write(frame(RecordType.PROGRESS, encode_frontier(self._upper)),
                                     progress=True)
+                    # The next segment is durable before the old one is finished, so at
+                    # every crash point an open segment holds the frontiers, even after
+                    # the compacter converted and deleted every finished segment.
                     old, seq = self._file, self.seq
                     old.sync()
-                    self.fs.rename(old.path, self.dir / segment_name(seq, finished=True))
+                    new = self._create_segment(seq + 1, self._upper, self._since)
+                    try:
+                        self.fs.rename(old.path, self.dir / segment_name(seq, finished=True))
+                    except StorageError:
+                        new.close()
+                        raise
                     old.close()
-                    self._file = self._create_segment(seq + 1, self._upper, self._since)
+                    self._file = new
                     self.seq = seq + 1
                     self._tail_progress = False
                     self._acked_size = self._file.size

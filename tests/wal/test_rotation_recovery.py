@@ -1,0 +1,108 @@
+"""Recovery from crashes inside rotation, and quarantine on corruption.
+
+Rotation makes the next segment durable before finishing the old one, so a crash leaves
+either two open segments in a row or one; these tests build each on-disk shape a crash
+can leave and check that reopening recovers exactly the acknowledged data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lamina import Store
+from lamina.errors import CorruptionError, QuarantinedError
+from lamina.wal.segment import encode_header, list_segments, segment_name
+from tests.conftest import ORDERS, updates
+
+SEG = 4096
+
+
+def _rotated_store(data_dir: Path) -> tuple[list[dict[str, object]], Path]:
+    """A relation with several finished segments; returns its snapshot and WAL dir."""
+    with Store.open(data_dir, segment_bytes=SEG) as store:
+        rel = store.create_relation("orders", ORDERS, key=["id"])
+        for t in range(12):
+            rel.append(updates([(i, "x" * 40, t, 1) for i in range(20)]))
+            rel.seal(t + 1)
+        rel.allow_compaction(5)
+        snap = rel.snapshot(11).to_pylist()
+        return snap, rel.wal_dir
+
+
+def _reopen(data_dir: Path) -> tuple[int, int, list[dict[str, object]]]:
+    with Store.open(data_dir, segment_bytes=SEG) as store:
+        rel = store.relation("orders")
+        rel.seal(rel.upper)  # takes the writer: runs recovery
+        return rel.upper, rel.since, rel.snapshot(11).to_pylist()
+
+
+def test_crash_after_next_segment_synced_before_rename(data_dir: Path) -> None:
+    """Two open segments, the newer complete: the older is finished on recovery."""
+    snap, wal = _rotated_store(data_dir)
+    last_finished = [s for s in list_segments(wal) if s.finished][-1]
+    last_finished.path.rename(wal / segment_name(last_finished.seq, finished=False))
+    assert sum(not s.finished for s in list_segments(wal)) == 2
+    upper, since, again = _reopen(data_dir)
+    assert (upper, since, again) == (12, 5, snap)
+    assert [s.finished for s in list_segments(wal)].count(False) == 1
+    assert (wal / segment_name(last_finished.seq, finished=True)).exists()
+
+
+def test_crash_while_creating_next_segment(data_dir: Path) -> None:
+    """Two open segments, the newer torn in its opening (the crash hit while it was being
+    created, so it holds nothing acknowledged): it is removed and the older stays open
+    with every acknowledged record."""
+    with Store.open(data_dir, segment_bytes=1 << 20) as store:
+        rel = store.create_relation("orders", ORDERS, key=["id"])
+        for t in range(12):
+            rel.append(updates([(i, "x" * 40, t, 1) for i in range(20)]))
+            rel.seal(t + 1)
+        rel.allow_compaction(5)
+        snap = rel.snapshot(11).to_pylist()
+        wal = rel.wal_dir
+    (older,) = list_segments(wal)
+    torn = wal / segment_name(older.seq + 1, finished=False)
+    torn.write_bytes(encode_header("orders", older.seq + 1)[:25])  # a header cut short
+    assert (12, 5, snap) == _reopen(data_dir)
+    assert not torn.exists()
+    assert [s.seq for s in list_segments(wal)] == [older.seq]
+
+
+def test_torn_opening_without_finished_segments_is_refused_and_quarantined(
+        data_dir: Path) -> None:
+    """If every finished segment was converted and deleted, a torn opening of the open
+    segment leaves nothing to recover the frontiers from: refuse, never restart at 0."""
+    _, wal = _rotated_store(data_dir)
+    for s in list_segments(wal):
+        if s.finished:
+            s.path.unlink()
+    (opened,) = list_segments(wal)
+    opened.path.write_bytes(opened.path.read_bytes()[:30])
+    with Store.open(data_dir) as store:
+        rel = store.relation("orders")
+        with pytest.raises(CorruptionError, match="opening is torn"):
+            rel.seal(rel.upper + 1)
+    with Store.open(data_dir) as store, pytest.raises(QuarantinedError, match="lamina verify"):
+        store.relation("orders")
+
+
+def test_mid_log_corruption_quarantines_the_relation(data_dir: Path) -> None:
+    """A damaged record followed by a valid one in the open segment is refused with file
+    and offset, and the relation is quarantined for every later caller."""
+    with Store.open(data_dir, segment_bytes=1 << 20) as store:
+        rel = store.create_relation("orders", ORDERS, key=["id"])
+        for t in range(3):
+            rel.append(updates([(1, "a", t, 1)]))
+    (opened,) = list_segments(data_dir / "wal" / "orders")
+    raw = bytearray(opened.path.read_bytes())
+    raw[60] ^= 0xFF
+    opened.path.write_bytes(bytes(raw))
+    with Store.open(data_dir) as store:
+        rel = store.relation("orders")
+        with pytest.raises(CorruptionError, match=r"at byte \d+"):
+            rel.append(updates([(2, "b", 5, 1)]))
+    assert (data_dir / "wal" / "orders" / "QUARANTINED").exists()
+    with Store.open(data_dir) as store, pytest.raises(QuarantinedError):
+        store.relation("orders")
