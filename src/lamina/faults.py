@@ -36,6 +36,7 @@ import signal
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -111,23 +112,23 @@ class InjectingFileSystem(FileSystem):
 
     # --- the primitives -------------------------------------------------------------------
     def os_write(self, fd: int, data: memoryview, path: Path) -> int:
-        return self._run("write", path, lambda: FileSystem.os_write(self, fd, data, path),
+        return self._run("write", path, partial(super().os_write, fd, data, path),
                          size=len(data))
 
     def os_fdatasync(self, fd: int, path: Path) -> None:
-        self._run("fdatasync", path, lambda: FileSystem.os_fdatasync(self, fd, path))
+        self._run("fdatasync", path, partial(super().os_fdatasync, fd, path))
 
     def os_fsync_dir(self, path: Path) -> None:
-        self._run("fsync_dir", path, lambda: FileSystem.os_fsync_dir(self, path))
+        self._run("fsync_dir", path, partial(super().os_fsync_dir, path))
 
     def os_rename(self, src: Path, dst: Path) -> None:
-        self._run("rename", src, lambda: FileSystem.os_rename(self, src, dst), target=dst)
+        self._run("rename", src, partial(super().os_rename, src, dst), target=dst)
 
     def os_link(self, src: Path, dst: Path) -> None:
-        self._run("link", src, lambda: FileSystem.os_link(self, src, dst), target=dst)
+        self._run("link", src, partial(super().os_link, src, dst), target=dst)
 
     def os_unlink(self, path: Path) -> None:
-        self._run("unlink", path, lambda: FileSystem.os_unlink(self, path))
+        self._run("unlink", path, partial(super().os_unlink, path))
 
 
 class CountingFileSystem(InjectingFileSystem):

@@ -27,7 +27,7 @@ from lamina.trace.batch import BatchDesc, PartFile
 from lamina.trace.invariants import check_state
 from lamina.trace.plan import ConversionPlan, MergePlan, merged_level
 from lamina.trace.state import STATE_DIR, PendingPart, StateStore, TraceState
-from lamina.wal.segment import segment_name
+from lamina.wal.segment import SegmentFile, list_segments, scan_file, segment_name
 
 DATA_DIRS = ("batches", "pending")
 
@@ -37,6 +37,22 @@ class GcReport:
     versions_deleted: int
     files_deleted: int
     bytes_deleted: int
+
+
+def _frontiers_after(segments: list[SegmentFile], seq: int, relation: str) -> bool:
+    """Whether a segment after ``seq`` records the relation's frontiers by itself: a
+    finished one, or an open one whose opening records (PROGRESS lower, SINCE since) are
+    in place. When in doubt (the file vanished or fails its scan) the answer is no."""
+    later = [s for s in segments if s.seq > seq]
+    if not later:
+        return False
+    if any(s.finished for s in later):
+        return True
+    try:
+        scan, _ = scan_file(later[0], relation)
+    except (FileNotFoundError, CorruptionError):
+        return False
+    return len(scan.records) >= 2
 
 
 class Trace:
@@ -109,7 +125,12 @@ class Trace:
         return self._publish(st.next(batches=(*st.batches[:i], merged, *st.batches[i + 2:])))
 
     def delete_converted_segments(self, wal_dir: Path) -> int:
-        """Delete WAL segments the state marks converted (only ever after publication)."""
+        """Delete WAL segments the state marks converted (only ever after publication).
+
+        The newest finished segment is kept while no later segment records the frontiers
+        by itself: after a crash between finishing a segment and opening the next one (or
+        in the middle of writing the next one's opening records) the writer recovers the
+        relation's upper and since from it, and readers take them from it."""
         deleted = 0
         for seq in self._converted_segment_files(wal_dir):
             self.fs.unlink(wal_dir / segment_name(seq, finished=True), sync_dir=False)
@@ -119,10 +140,12 @@ class Trace:
         return deleted
 
     def _converted_segment_files(self, wal_dir: Path) -> list[int]:
-        from lamina.wal.segment import list_segments
-
-        return [s.seq for s in list_segments(wal_dir)
-                if s.finished and s.seq <= self._state.converted_through]
+        segments = list_segments(wal_dir)
+        converted = [s for s in segments
+                     if s.finished and s.seq <= self._state.converted_through]
+        if converted and not _frontiers_after(segments, converted[-1].seq, self.meta.name):
+            converted.pop()
+        return [s.seq for s in converted]
 
     # --- garbage collection ---------------------------------------------------------------
     def collect_garbage(self, *, keep_versions: int = 8, grace_seconds: float = 600.0,

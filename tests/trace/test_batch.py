@@ -1,0 +1,135 @@
+"""lamina.trace.batch: a batch file is published durably and whole, and any damage to it
+is detected on read (size, CRC32C, Parquet structure, row count) as CorruptionError naming
+the file; a file gone under a reader is FileNotFoundError (the reader retries)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lamina.errors import CorruptionError
+from lamina.faults import CountingFileSystem
+from lamina.fs import FileSystem, crc32c
+from lamina.trace.batch import (
+    BatchDesc,
+    PartFile,
+    batch_part_path,
+    new_id,
+    read_part,
+    write_part,
+)
+from tests.trace.helpers import SCHEMA, table_of, temp_files
+
+UPDATE_SCHEMA = SCHEMA.append(pa.field("_time", pa.uint64(), False)).append(
+    pa.field("_diff", pa.int64(), False))
+ROWS = table_of([(1, "a", 0, 1), (1, "b", 3, -2), (2, "a", 1, 5)]).cast(UPDATE_SCHEMA)
+
+
+def _write(tmp_path: Path, tables: list[pa.Table] | None = None) -> PartFile:
+    return write_part(FileSystem(), tmp_path, batch_part_path("b1", 0), UPDATE_SCHEMA,
+                      [ROWS] if tables is None else tables)
+
+
+def test_round_trip_records_rows_bytes_and_checksum(tmp_path: Path) -> None:
+    """What write_part records is what is on disk; read_part gives the rows back."""
+    part = _write(tmp_path)
+    data = (tmp_path / part.path).read_bytes()
+    assert part.path == "batches/b1/part-00000.parquet"
+    assert (part.rows, part.bytes, part.crc32c) == (3, len(data), crc32c(data))
+    assert read_part(tmp_path, part).equals(ROWS)
+    assert read_part(tmp_path, part, columns=["id"]).column_names == ["id"]
+    assert not temp_files(tmp_path)
+
+
+def test_several_tables_and_empty_ones_make_one_file(tmp_path: Path) -> None:
+    """Tables are written in order; empty tables add nothing; a cast aligns the schema."""
+    empty = UPDATE_SCHEMA.empty_table()
+    part = _write(tmp_path, [ROWS.slice(0, 1), empty, table_of([(1, "b", 3, -2),
+                                                                 (2, "a", 1, 5)])])
+    assert part.rows == 3
+    assert read_part(tmp_path, part).equals(ROWS)
+
+
+def test_publication_is_temp_fsync_rename_dir_fsync(tmp_path: Path) -> None:
+    """DESIGN §7 rule 2: written to a temp file, fdatasynced, renamed, directory synced."""
+    fs = CountingFileSystem()
+    write_part(fs, tmp_path, batch_part_path("b2", 0), UPDATE_SCHEMA, [ROWS])
+    kinds = [op.kind for op in fs.ops]
+    tail = kinds[kinds.index("fdatasync"):]
+    assert tail == ["fdatasync", "rename", "fsync_dir"]
+    assert all(k == "write" for k in kinds[kinds.index("write"):kinds.index("fdatasync")])
+    writes = [op for op in fs.ops if op.kind == "write"]
+    assert all(op.path.name.endswith(".tmp") for op in writes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_any_flipped_byte_is_detected(tmp_path_factory: pytest.TempPathFactory,
+                                      data: st.DataObject) -> None:
+    """Flip any bit of any byte: the checksum catches it before Parquet is parsed."""
+    root = tmp_path_factory.mktemp("flip")
+    part = _write(root)
+    path = root / part.path
+    raw = bytearray(path.read_bytes())
+    offset = data.draw(st.integers(0, len(raw) - 1), label="offset")
+    raw[offset] ^= 1 << data.draw(st.integers(0, 7), label="bit")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptionError, match="checksum mismatch") as info:
+        read_part(root, part)
+    assert info.value.path == path
+
+
+def test_truncated_or_extended_file_is_detected(tmp_path: Path) -> None:
+    part = _write(tmp_path)
+    path = tmp_path / part.path
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-1])
+    with pytest.raises(CorruptionError, match="bytes"):
+        read_part(tmp_path, part)
+    path.write_bytes(raw + b"\0")
+    with pytest.raises(CorruptionError, match="bytes"):
+        read_part(tmp_path, part)
+
+
+def test_description_disagreeing_with_the_file_is_detected(tmp_path: Path) -> None:
+    """A file that passes its checksum but is not Parquet, or holds another row count."""
+    part = _write(tmp_path)
+    wrong_rows = PartFile(part.path, part.rows + 1, part.bytes, part.crc32c)
+    with pytest.raises(CorruptionError, match="rows"):
+        read_part(tmp_path, wrong_rows)
+    junk = b"definitely not a parquet file"
+    (tmp_path / "batches/b1/junk.parquet").write_bytes(junk)
+    fake = PartFile("batches/b1/junk.parquet", 1, len(junk), crc32c(junk))
+    with pytest.raises(CorruptionError, match="not readable Parquet"):
+        read_part(tmp_path, fake)
+
+
+def test_missing_file_is_file_not_found(tmp_path: Path) -> None:
+    """A reader racing garbage collection sees FileNotFoundError and retries."""
+    part = _write(tmp_path)
+    (tmp_path / part.path).unlink()
+    with pytest.raises(FileNotFoundError):
+        read_part(tmp_path, part)
+
+
+def test_description_round_trip_and_totals_check() -> None:
+    """BatchDesc survives JSON; totals that disagree with the parts are refused."""
+    parts = (PartFile("batches/b/part-00000.parquet", 3, 100, 7),
+             PartFile("batches/b/part-00001.parquet", 2, 50, 9))
+    desc = BatchDesc("b", 0, 10, 4, 2, parts)
+    assert (desc.rows, desc.bytes) == (5, 150)
+    assert BatchDesc.from_dict(desc.to_dict()) == desc
+    bad = desc.to_dict() | {"rows": 6}
+    with pytest.raises(ValueError, match="disagree"):
+        BatchDesc.from_dict(bad)
+
+
+def test_ids_are_fresh() -> None:
+    """DESIGN §7 rule 4: a re-run writes under new names, never over an old file."""
+    ids = {new_id("b") for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(i.startswith("b") and len(i) == 17 for i in ids)

@@ -1,0 +1,252 @@
+"""Crash-safety of every compacter step (DESIGN §5, §7): a kill -9 between ANY two file
+operations of a conversion (compare-and-append plus deletion of the converted segments),
+of a cascade of merges, or of garbage collection loses nothing and counts nothing twice.
+
+For each step a dry run in a child process counts its file operations (N). Then for every
+k in 1..N a child process runs the step on its own copy of the data directory with
+``CrashingFileSystem(crash_at=k)`` and must die by SIGKILL right before operation k (the
+children are forked by a single-threaded fork server, tests/trace/crash_child.py, so a
+crash costs a fork rather than an interpreter start). The parent then proves, with a
+normal file system:
+
+- the newest state loads and passes check_state and check_data, and is either the state
+  before the step or one the step published (never anything else);
+- every snapshot equals the oracle's (the data before the step: no step changes what a
+  relation holds);
+- recovery (delete segments the state marks converted, convert the rest, merge, collect
+  garbage with no grace period) completes, still matches the oracle, and leaves no
+  garbage: no temp file, no data file that the state does not name, no converted segment.
+
+k = N + 1 is a run that does not crash and must report the same N (the count is exact).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+
+import pytest
+
+from lamina.schema import RelationMeta
+from lamina.store import Relation, Store
+from lamina.trace import reference
+from lamina.trace.plan import plan_conversion
+from lamina.trace.state import StateStore
+from lamina.trace.trace import Trace
+from lamina.wal.reader import finished_segments
+from tests.trace.crash_child import SINGLE_THREAD_ENV
+from tests.trace.helpers import (
+    KEY,
+    NAME,
+    SCHEMA,
+    Oracle,
+    check_snapshots,
+    check_trace,
+    convert,
+    data_files,
+    pending_spans,
+    recover,
+    temp_files,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("crash_child.py")
+WORKERS = 2
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Base:
+    """A data directory right before the step, and what it must read as."""
+
+    root: Path
+    oracle: Oracle
+    version: int  # the trace state version before the step
+
+
+def _rounds(rel: Relation, oracle: Oracle, n: int, seed: int) -> None:
+    """``n`` rounds of append + seal: present, future (pending) and retracting updates."""
+    for i in range(n):
+        j = seed + i
+        rows = [(j % 4, "abc"[j % 3], oracle.upper + (j * 7) % 5, 1 + j % 2),
+                (j % 3, "x", oracle.upper + 9 + j % 23, 1)]
+        if j % 3 == 0:
+            rows.append(((j + 1) % 4, "abc"[(j + 1) % 3], oracle.upper, -1))
+        oracle.append(rel, rows)
+        oracle.seal(rel, oracle.upper + 2)
+
+
+def _build(root: Path, step: str) -> Base:
+    oracle = Oracle()
+    with Store.open(root, segment_bytes=4096, fsync="never") as store:
+        rel = store.create_relation(NAME, SCHEMA, key=KEY)
+        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        if step == "convert":
+            # An existing trace with batches and pending parts, then two segments to convert.
+            _rounds(rel, oracle, 7, 0)
+            convert(trace, rel.wal_dir)
+            trace.delete_converted_segments(rel.wal_dir)
+            oracle.allow_compaction(rel, oracle.upper - 3)
+            _rounds(rel, oracle, 13, 7)
+        elif step == "merge":
+            # Four level-0 batches (a cascade of three merges), since advanced: merges
+            # forward and consolidate.
+            _rounds(rel, oracle, 26, 0)
+            oracle.allow_compaction(rel, oracle.upper - 10)
+            _rounds(rel, oracle, 2, 26)
+            assert convert(trace, rel.wal_dir, merge=False) == 4
+            trace.delete_converted_segments(rel.wal_dir)
+        else:
+            # Old state versions, merged-away batches, consumed pending parts and the orphan
+            # batch of a writer that lost the CAS: all garbage.
+            _rounds(rel, oracle, 20, 0)
+            convert(trace, rel.wal_dir)
+            loser = Trace.open(trace.dir, rel.meta)
+            _rounds(rel, oracle, 7, 20)
+            spans = pending_spans(trace, rel.wal_dir)
+            reference.run_conversion(loser, plan_conversion(loser.state, spans))
+            convert(trace, rel.wal_dir)
+            trace.delete_converted_segments(rel.wal_dir)
+        # A tail in the open segment, read from the WAL by every snapshot.
+        oracle.append(rel, [(1, "tail", oracle.upper, 1), (2, "tail", oracle.upper + 30, 1)])
+        oracle.seal(rel, oracle.upper + 1)
+        check_snapshots(rel, oracle)
+        return Base(root, oracle, trace.state.version)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, **SINGLE_THREAD_ENV, "PYTHONPATH": str(ROOT)}
+
+
+def _child(step: str, root: Path, crash_at: int) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter running the step once."""
+    return subprocess.run([sys.executable, str(CHILD), step, str(root), str(crash_at)],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+class ForkServer:
+    """crash_child.py --serve: forks one child per crash; reports its wait status."""
+
+    def __init__(self, step: str, log: Path) -> None:
+        self._stderr = log.open("w")
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), "--serve", step], cwd=ROOT,
+                                     env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, text=True, bufsize=1)
+
+    def run(self, crash_at: int, root: Path) -> int:
+        """Run the step in a forked child; its exit code (negative: killed by a signal)."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(f"{crash_at} {root}\n")
+        answer = self.proc.stdout.readline()
+        assert answer, f"fork server died: {self.log.read_text()}"
+        return os.waitstatus_to_exitcode(int(answer))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+        self._stderr.close()
+        assert self.proc.returncode == 0, self.log.read_text()
+
+
+def _dry_run(base: Base, step: str, work: Path) -> list[str]:
+    """The step's file operations, counted in a child on a copy of the base."""
+    shutil.copytree(base.root, work)
+    proc = _child(step, work, 0)
+    assert proc.returncode == 0, proc.stderr
+    log: list[str] = json.loads(proc.stdout)["log"]
+    return log
+
+
+def _check_after_crash(base: Base, work: Path, newest: int, what: str) -> None:
+    with Store.open(work, fsync="never") as store:
+        rel = store.relation(NAME)
+        meta: RelationMeta = rel.meta
+        trace_dir, wal_dir = store.layout.trace_dir(NAME), rel.wal_dir
+        state = check_trace(trace_dir, meta)
+        version = 0 if state is None else state.version
+        assert base.version <= version <= newest, f"{what}: state version {version}"
+        check_snapshots(rel, base.oracle)
+
+        trace = recover(trace_dir, wal_dir, meta)
+        state = check_trace(trace_dir, meta)
+        assert state is not None
+        assert state == trace.state
+        check_snapshots(rel, base.oracle)
+        assert not pending_spans(trace, wal_dir), f"{what}: unconverted segments"
+        assert all(s.seq > state.converted_through for s in finished_segments(wal_dir)), \
+            f"{what}: converted segments left"
+        assert data_files(trace_dir) == state.files(), f"{what}: garbage left"
+        assert not temp_files(trace_dir), f"{what}: temp files left"
+        assert StateStore(trace_dir, trace.fs).versions() == [state.version]
+
+
+def _crash_and_check(base: Base, step: str, servers: Queue[ForkServer], scratch: Path, *,
+                     k: int, log: list[str], newest: int) -> None:
+    work = scratch / f"k{k:04d}"
+    shutil.copytree(base.root, work)
+    what = f"{step}: crash before {log[k - 1]}"
+    server = servers.get()
+    try:
+        code = server.run(k, work)
+    finally:
+        servers.put(server)
+    assert code == -signal.SIGKILL, f"{what}: exit {code}\n{server.log.read_text()}"
+    _check_after_crash(base, work, newest, what)
+    shutil.rmtree(work)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("crash-points")
+
+
+@pytest.mark.parametrize("step", ["convert", "merge", "gc"])
+def test_crash_between_any_two_file_operations(step: str, scratch: Path) -> None:
+    """See the module docstring: kill -9 before each file operation of ``step``."""
+    base = _build(scratch / f"{step}-base", step)
+    log = _dry_run(base, step, scratch / f"{step}-dry")
+    n = len(log)
+    assert n > 0
+    kinds = {entry.split()[1] for entry in log}
+    if step == "convert":
+        assert {"write", "fdatasync", "rename", "link", "unlink", "fsync_dir"} <= kinds
+    with Store.open(scratch / f"{step}-dry", fsync="never") as store:
+        done = StateStore(store.layout.trace_dir(NAME), Trace.open(
+            store.layout.trace_dir(NAME), store.relation(NAME).meta).fs).versions()
+    newest = max(done, default=0)
+    assert newest > base.version or step == "gc"
+
+    # A run that does not crash does exactly the counted operations.
+    complete = scratch / f"{step}-complete"
+    shutil.copytree(base.root, complete)
+    proc = _child(step, complete, n + 1)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ops"] == n
+
+    servers: Queue[ForkServer] = Queue()
+    for i in range(WORKERS):
+        servers.put(ForkServer(step, scratch / f"{step}-server-{i}.log"))
+    try:
+        with ThreadPoolExecutor(WORKERS) as pool:
+            futures = [pool.submit(_crash_and_check, base, step, servers, scratch / step, k=k,
+                                   log=log, newest=newest) for k in range(1, n + 1)]
+            for f in futures:
+                f.result()
+    finally:
+        while not servers.empty():
+            servers.get().close()
