@@ -61,7 +61,7 @@ class AppendFile:
         self._fd = fd
         self.size = size
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """Write all of ``data`` at the end of the file, or raise ``StorageError``."""
         view = memoryview(data)
         while view:
@@ -97,24 +97,40 @@ class AppendFile:
 
 class SyncedWriter:
     """A binary file-like object for library writers (pyarrow's Parquet writer); ``close``
-    fsyncs before the caller renames the file into place. Keeps a running CRC32C of what
-    was written, so a file's checksum costs no second read."""
+    flushes, fsyncs and closes before the caller renames the file into place. Writes are
+    gathered into ``BUFFER`` bytes before they reach the OS (Parquet writers emit many small
+    pieces), and a running CRC32C of everything written makes the file's checksum free."""
+
+    BUFFER = 1 << 20
 
     def __init__(self, handle: AppendFile) -> None:
         self._h = handle
+        self._buf = bytearray()
+        self._size = 0
         self.closed = False
         self.crc32c = 0
 
     def write(self, data: bytes | memoryview) -> int:
-        self._h.write(data)
         self.crc32c = crc32c(data, self.crc32c)
-        return len(data)
+        n = len(data)
+        self._size += n
+        if len(self._buf) + n < self.BUFFER:
+            self._buf += data
+        else:
+            self._drain()
+            self._h.write(data)
+        return n
+
+    def _drain(self) -> None:
+        if self._buf:
+            self._h.write(self._buf)
+            self._buf = bytearray()
 
     def tell(self) -> int:
-        return self._h.size
+        return self._size
 
     def flush(self) -> None:
-        pass
+        self._drain()
 
     def writable(self) -> bool:
         return True
@@ -127,6 +143,7 @@ class SyncedWriter:
 
     def close(self) -> None:
         if not self.closed:
+            self._drain()
             self._h.sync()
             self._h.close()
             self.closed = True

@@ -425,7 +425,8 @@ def test_torn_open_segment_anywhere_keeps_frontiers(tmp_path: Path) -> None:
 def test_bad_record_followed_by_good_is_refused(tmp_path: Path) -> None:
     """A damaged record followed by a valid one in the open segment is corruption, not a
     torn tail: opening the writer raises CorruptionError naming the file and the bad
-    record's offset, and nothing is cut or rewritten."""
+    record's offset, and nothing is cut or rewritten: through the Store the only change is
+    the quarantine marker, which names the damage."""
     root = tmp_path / "data"
     wal = new_relation(root)
     w = WalWriter(wal, NAME)
@@ -444,9 +445,13 @@ def test_bad_record_followed_by_good_is_refused(tmp_path: Path) -> None:
     assert info.value.path == seg
     assert info.value.offset == bad_at
     assert f"{seg} at byte {bad_at}" in str(info.value)
+    assert tree_digest(root) == before
     with Store.open(root) as store, pytest.raises(CorruptionError, match=str(bad_at)):
         store.relation(NAME).append(updates([(99, "x", 5, 1)]))
-    assert tree_digest(root) == before
+    after = tree_digest(root)
+    marker = f"wal/{NAME}/QUARANTINED"
+    assert str(bad_at) in (root / marker).read_text()
+    assert {k: v for k, v in after.items() if k != marker} == before
     fd = os.open(wal / "LOCK", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the failed opens released the lock

@@ -106,3 +106,26 @@ def test_mid_log_corruption_quarantines_the_relation(data_dir: Path) -> None:
     assert (data_dir / "wal" / "orders" / "QUARANTINED").exists()
     with Store.open(data_dir) as store, pytest.raises(QuarantinedError):
         store.relation("orders")
+
+
+def test_sealing_closed_finishes_the_segment_whatever_its_size(data_dir: Path) -> None:
+    """seal(CLOSED) ends the relation: its segment is finished at once (so the compacter
+    converts it), exactly once, and the relation reports the empty frontier."""
+    from lamina import CLOSED
+
+    with Store.open(data_dir, segment_bytes=1 << 20) as store:
+        rel = store.create_relation("orders", ORDERS, key=["id"])
+        rel.append(updates([(1, "a", 3, 1)]))
+        rel.seal(CLOSED)
+        rel.seal(CLOSED)  # idempotent: no second rotation
+        rel.allow_compaction(10)
+        wal = rel.wal_dir
+    segs = list_segments(wal)
+    assert [s.finished for s in segs] == [True, False]
+    assert _reopen_frontiers(data_dir) == (CLOSED, 10)
+
+
+def _reopen_frontiers(data_dir: Path) -> tuple[int, int]:
+    with Store.open(data_dir) as store:
+        rel = store.relation("orders")
+        return rel.upper, rel.since

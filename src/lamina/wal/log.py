@@ -98,6 +98,7 @@ class WalWriter:
         self._failed: BaseException | None = None
         self._closed = False
         self._tail_progress = False  # the open segment ends with a PROGRESS record
+        self._segment_lower = 0  # the open segment's lower
         try:
             self._file, self.seq, self._upper, self._since = self._recover()
         except BaseException:
@@ -145,6 +146,7 @@ class WalWriter:
                     handle.truncate(scan.valid_end)
                     handle.sync()
                 self._tail_progress = scan.records[-1].rtype is RecordType.PROGRESS
+                self._segment_lower = scan.lower
                 return handle, seg.seq, scan.upper, scan.since
             # A torn opening can only be left by an older lamina (rotation now makes the
             # next segment durable first) or by damage. Nothing in it was acknowledged.
@@ -155,12 +157,14 @@ class WalWriter:
                     "finished segment is left to recover the frontiers from", path=seg.path)
             self.fs.unlink(seg.path)
             lower, since = self._frontiers_of(prev[-1]) if prev else (0, 0)
+            self._segment_lower = lower
             return self._create_segment(seg.seq, lower, since), seg.seq, lower, since
         finished = [s for s in segments if s.finished]
         if not finished:
             raise CorruptionError(f"relation {self.relation!r} has no segments", path=self.dir)
         lower, since = self._frontiers_of(finished[-1])
         seq = finished[-1].seq + 1
+        self._segment_lower = lower
         return self._create_segment(seq, lower, since), seq, lower, since
 
     def _frontiers_of(self, seg: SegmentFile) -> tuple[int, int]:
@@ -223,9 +227,11 @@ class WalWriter:
             seqno = self._write(frame(RecordType.PROGRESS, encode_frontier(upper)),
                                 progress=True)
             self._upper = upper
-            rotate = self._file.size >= self.segment_bytes
+            # The empty frontier closes the relation: finish the segment whatever its size,
+            # so the compacter converts everything (nothing can be sealed after it).
+            rotate = self._file.size >= self.segment_bytes or upper == CLOSED
         if rotate:
-            self._rotate()
+            self._rotate(force=upper == CLOSED)
         self._await_durable(seqno)
 
     def allow_compaction(self, since: int) -> None:
@@ -337,7 +343,7 @@ class WalWriter:
                 self._sync_cv.notify_all()
 
     # --- rotation -------------------------------------------------------------------------
-    def _rotate(self) -> None:
+    def _rotate(self, *, force: bool = False) -> None:
         """Finish the open segment and start the next one."""
         errors: list[BaseException] = []
 
@@ -346,8 +352,12 @@ class WalWriter:
                 # Calls may have run between the seal and this point: another rotation
                 # (then this segment is new and small), or appends and since records
                 # after the seal's PROGRESS (then the segment needs a closing PROGRESS).
-                if self._failed is not None or self._file.size < self.segment_bytes:
+                if self._failed is not None:
                     return
+                if self._file.size < self.segment_bytes and not force:
+                    return
+                if force and self._segment_lower == self._upper:
+                    return  # already rotated: the open segment starts at this upper
                 try:
                     if not self._tail_progress:
                         self._write(frame(RecordType.PROGRESS, encode_frontier(self._upper)),
@@ -367,6 +377,7 @@ class WalWriter:
                     self._file = new
                     self.seq = seq + 1
                     self._tail_progress = False
+                    self._segment_lower = self._upper
                     self._acked_size = self._file.size
                     with self._sync_cv:
                         self._synced = self._written

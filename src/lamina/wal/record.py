@@ -105,10 +105,17 @@ def encode_updates_record(table: pa.Table) -> memoryview:
     return out
 
 
+_READ_OPTIONS = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific)
+
+
 def decode_updates(payload: bytes | memoryview) -> pa.Table:
-    """Decode an UPDATES payload. Raises ``ValueError`` on malformed Arrow IPC."""
+    """Decode an UPDATES payload. Raises ``ValueError`` on malformed Arrow IPC.
+
+    Records sit at arbitrary offsets of a segment, so their buffers may be misaligned for
+    their types; Arrow copies just those buffers to aligned memory (compute kernels would
+    otherwise warn, or on some platforms misread)."""
     try:
-        return pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+        return pa.ipc.open_stream(pa.py_buffer(payload), options=_READ_OPTIONS).read_all()
     except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"malformed Arrow IPC payload: {exc}") from exc
 
