@@ -26,6 +26,7 @@ import signal
 import time
 from typing import Any
 
+import aiofiles
 import structlog
 
 from lamina.compacter.executor import Executor, SparkExecutor
@@ -159,7 +160,7 @@ class Daemon:
         names = set(await asyncio.to_thread(self.layout.relation_names))
         for name in sorted(names - self.pipelines.keys()):
             try:
-                meta = await asyncio.to_thread(self._read_meta, name)
+                meta = await self._read_meta(name)
             except FileNotFoundError:
                 continue
             except CorruptionError as exc:
@@ -187,9 +188,12 @@ class Daemon:
         assert self.executor is not None
         return self.executor
 
-    def _read_meta(self, name: str) -> RelationMeta:
+    async def _read_meta(self, name: str) -> RelationMeta:
+        """Read ``relation.json`` without blocking the loop (aiofiles' thread pool)."""
         path = self.layout.wal_dir(name) / "relation.json"
-        return RelationMeta.from_json(path.read_bytes(), path)
+        async with aiofiles.open(path, "rb") as f:
+            data = await f.read()
+        return RelationMeta.from_json(data, path)
 
     def _start(self, name: str) -> None:
         pipe = self.pipelines[name]

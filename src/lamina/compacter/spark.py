@@ -1,0 +1,253 @@
+"""The compacter's one long-lived SparkSession, and running Spark actions under job tags.
+
+Session (:func:`build_session`)
+    One SparkSession per daemon process (Spark allows one SparkContext per JVM). The
+    defaults serve a laptop and a small standalone cluster alike:
+
+    - no web UI and no console progress bar; the JVM's log level is ``ERROR``;
+    - ``spark.sql.shuffle.partitions`` of twice the local cores: lamina's shuffles are
+      sized by the jobs themselves (:mod:`lamina.compacter.jobs`), this only bounds
+      incidental ones;
+    - Arrow batches of 64 Ki rows between the JVM and the Python workers, plain (not
+      "large") Arrow string/binary types and the session time zone UTC, so that the
+      Arrow types the jobs produce and the ones Spark expects agree exactly;
+    - ANSI mode on (Spark 4's default, pinned because arithmetic must raise, not wrap), and
+      case-sensitive column names (a relation may have columns ``a`` and ``A``);
+    - ``PYSPARK_PYTHON`` is this interpreter (``sys.executable``), also for executors of a
+      standalone cluster on the same machine or an identical image, so tasks import the same
+      ``lamina`` and ``pyarrow`` as the daemon (``spark.pyspark.python`` in ``conf``
+      overrides it);
+    - for a local master (``local[...]``) or a cluster on the loopback address the driver
+      binds to 127.0.0.1, so nothing depends on the host name resolving;
+    - ``spark.driver.memory`` from the ``driver_memory`` argument (it only takes effect
+      when this call starts the JVM, i.e. the first session of the process).
+
+Tagged actions (:class:`JobTags`)
+    The daemon runs each step's blocking Spark calls in a worker thread (never on the event
+    loop) under a per-relation tag. PySpark's default *pinned thread mode* gives every
+    Python thread its own JVM thread, so the thread-local job properties set here
+    (``SparkContext.addJobTag``, ``setInterruptOnCancel(True)``, a job description) apply
+    exactly to the jobs this thread starts, including the SQL jobs of DataFrame actions.
+    :meth:`JobTags.cancel`, from any other thread, marks the tag cancelled and calls
+    ``SparkContext.cancelJobsWithTag``, which kills running tasks (interrupting their
+    threads). Because a step may start several Spark jobs one after another, a cancel that
+    lands between two of them is caught by :func:`check_cancelled`, which the jobs call
+    before each action, and by :meth:`JobTags.run` itself when the step returns; either way
+    the step ends with :class:`JobCancelledError` and nothing is committed.
+    :func:`run_in_group` and :func:`cancel_group` are the same through one process-wide
+    :class:`JobTags` per session (what ``lamina.compacter.executor`` calls).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from lamina.errors import JobError
+
+T = TypeVar("T")
+
+DEFAULT_APP_NAME = "lamina-compacter"
+DEFAULT_DRIVER_MEMORY = "2g"
+DEFAULT_LOG_LEVEL = "ERROR"
+
+
+class JobCancelledError(JobError):
+    """A Spark step was cancelled through its job tag (shutdown or an operator)."""
+
+
+def _cores() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def _loopback_master(master: str) -> bool:
+    if master.startswith("local"):
+        return True
+    host = master.removeprefix("spark://").split(":", 1)[0]
+    return host in ("127.0.0.1", "localhost")
+
+
+def default_conf(master: str, *, driver_memory: str = DEFAULT_DRIVER_MEMORY) -> dict[str, str]:
+    """The configuration :func:`build_session` applies before the caller's overrides."""
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(2 * _cores()),
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.ansi.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.caseSensitive": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
+        "spark.sql.execution.arrow.useLargeVarTypes": "false",
+        "spark.python.worker.reuse": "true",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.driver.memory": driver_memory,
+    }
+    if _loopback_master(master):
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+    return conf
+
+
+def build_session(master: str, *, app_name: str = DEFAULT_APP_NAME,
+                  conf: Mapping[str, str] | None = None,
+                  driver_memory: str = DEFAULT_DRIVER_MEMORY,
+                  log_level: str = DEFAULT_LOG_LEVEL) -> Any:
+    """Build (or return the process's existing) SparkSession for ``master``.
+
+    ``conf`` entries override the defaults of :func:`default_conf`. Returns a
+    ``pyspark.sql.SparkSession`` (typed ``Any``: PySpark ships no type information that
+    mypy --strict accepts)."""
+    settings = default_conf(master, driver_memory=driver_memory)
+    settings.update(conf or {})
+    # PySpark takes the workers' interpreter from the environment, not from the conf
+    os.environ["PYSPARK_PYTHON"] = settings["spark.pyspark.python"]
+    settings.setdefault("spark.executorEnv.PYSPARK_PYTHON", settings["spark.pyspark.python"])
+    if _loopback_master(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(log_level)
+    return session
+
+
+# --- tagged actions -------------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def current_tag() -> str | None:
+    """The tag of the step running in this thread (None outside :meth:`JobTags.run`)."""
+    tag: str | None = getattr(_local, "tag", None)
+    return tag
+
+
+def check_cancelled() -> None:
+    """Raise JobCancelledError if the step running in this thread was cancelled. The jobs
+    call it before every Spark action, so a cancel between two actions stops the step."""
+    tags: JobTags | None = getattr(_local, "tags", None)
+    tag = current_tag()
+    if tags is not None and tag is not None and tags.cancelled(tag):
+        raise JobCancelledError(f"Spark step {tag!r} was cancelled")
+
+
+class JobTags:
+    """Runs blocking Spark steps under job tags and cancels them from other threads."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self._mu = threading.Lock()
+        self._running: dict[str, int] = {}
+        self._cancelled: set[str] = set()
+
+    def cancelled(self, tag: str) -> bool:
+        with self._mu:
+            return tag in self._cancelled
+
+    def running(self) -> list[str]:
+        with self._mu:
+            return sorted(self._running)
+
+    @contextmanager
+    def tagged(self, tag: str, description: str = "") -> Iterator[None]:
+        """Within the block, Spark jobs this thread starts carry ``tag``."""
+        if not tag or "," in tag:
+            raise ValueError(f"a Spark job tag must be non-empty and contain no comma: {tag!r}")
+        sc = self.spark.sparkContext
+        with self._mu:
+            self._running[tag] = self._running.get(tag, 0) + 1
+        previous = (getattr(_local, "tag", None), getattr(_local, "tags", None))
+        _local.tag, _local.tags = tag, self
+        sc.addJobTag(tag)
+        sc.setInterruptOnCancel(True)
+        if description:
+            sc.setJobDescription(description)
+        try:
+            yield
+        finally:
+            sc.removeJobTag(tag)
+            if description:
+                sc.setJobDescription(None)
+            _local.tag, _local.tags = previous
+            with self._mu:
+                left = self._running.get(tag, 1) - 1
+                if left:
+                    self._running[tag] = left
+                else:  # the step is over: a later step under this tag starts afresh
+                    self._running.pop(tag, None)
+                    self._cancelled.discard(tag)
+
+    def run(self, tag: str, fn: Callable[[], T], description: str = "") -> T:
+        """Call ``fn`` (blocking Spark work) with its jobs tagged ``tag``. Raises
+        JobCancelledError when :meth:`cancel` was called for ``tag`` meanwhile, even if
+        ``fn`` finished: its output must then not be committed."""
+        with self.tagged(tag, description):
+            try:
+                check_cancelled()
+                result = fn()
+            except JobCancelledError:
+                raise
+            except Exception as exc:
+                if self.cancelled(tag):
+                    raise JobCancelledError(f"Spark step {tag!r} was cancelled") from exc
+                raise
+            if self.cancelled(tag):
+                raise JobCancelledError(f"Spark step {tag!r} was cancelled")
+            return result
+
+    def cancel(self, tag: str) -> bool:
+        """Cancel the step running under ``tag`` (if any); returns whether one was running.
+        Safe to call from any thread, including the event loop's (it does not block on the
+        jobs' ending)."""
+        with self._mu:
+            active = tag in self._running
+            if active:
+                self._cancelled.add(tag)
+        if active:
+            self.spark.sparkContext.cancelJobsWithTag(tag)
+        return active
+
+    def cancel_all(self) -> list[str]:
+        """Cancel every running step; returns their tags."""
+        tags = self.running()
+        for tag in tags:
+            self.cancel(tag)
+        return tags
+
+
+_registries: dict[int, JobTags] = {}
+_registries_mu = threading.Lock()
+
+
+def tags_for(spark: Any) -> JobTags:
+    """The process-wide :class:`JobTags` of a session."""
+    with _registries_mu:
+        tags = _registries.get(id(spark))
+        if tags is None or tags.spark is not spark:
+            tags = _registries[id(spark)] = JobTags(spark)
+        return tags
+
+
+def run_in_group(spark: Any, group: str, description: str, fn: Callable[[], T]) -> T:
+    """Run blocking Spark work ``fn`` in this (worker) thread with its jobs tagged
+    ``group``; see :meth:`JobTags.run`."""
+    return tags_for(spark).run(group, fn, description)
+
+
+def cancel_group(spark: Any, group: str) -> bool:
+    """Cancel the work running under ``group`` from any thread; see :meth:`JobTags.cancel`."""
+    return tags_for(spark).cancel(group)
+
+
+def relation_tag(relation: str) -> str:
+    """The job tag of a relation's steps (relation names never contain commas)."""
+    return f"lamina-rel-{relation}"
