@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from lamina.compacter.jobs import (
     JobTuning,
     bucket_lows,
-    map_in_arrow,
     order_prefix,
     pack,
     segment_ranges,
@@ -371,7 +370,7 @@ def test_cancel_a_tagged_step_from_another_thread(sp: Any) -> None:
     def step() -> None:
         def work() -> Any:
             check_cancelled()
-            df = map_in_arrow(sp.range(0, 2, 1, 2), _sleepy, "id bigint")
+            df = sp.range(0, 2, 1, 2).mapInArrow(_sleepy, "id bigint")
             return df.collect()
         try:
             tags.run("lamina-rel-test", work, "a step that sleeps")

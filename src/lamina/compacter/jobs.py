@@ -683,35 +683,13 @@ def run_step(spark: Any, trace: Trace, *, segments: Sequence[SegmentSpan],
     return _collect_output(rows, context)
 
 
-def map_in_arrow(df: Any, fn: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
-                 schema: Any) -> Any:
-    """``df.mapInArrow(fn, schema)`` without PySpark's driver-side pandas requirement.
-
-    PySpark 4.3 builds the UDF of ``DataFrame.mapInArrow`` with ``pandas_udf``, which
-    refuses to run unless pandas is installed, although the Arrow path never uses pandas
-    (neither on the driver nor in the Python workers). lamina does not depend on pandas,
-    so the UDF is built the way ``mapInArrow`` does it, minus that check. PySpark is
-    pinned, and the public method is used if these internals ever move."""
-    try:
-        from pyspark.sql import DataFrame
-        from pyspark.sql.pandas.functions import vectorized_udf  # type: ignore[attr-defined]
-        from pyspark.util import PythonEvalType
-
-        udf = vectorized_udf(fn, returnType=schema,
-                             functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF, kind="pandas")
-        column = udf(*[df[c] for c in df.columns])
-        return DataFrame(df._jdf.mapInArrow(column._jc, False, None), df.sparkSession)
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover - PySpark changed
-        return df.mapInArrow(fn, schema)
-
-
 def _execute(spark: Any, dctx: DecodeContext, wctx: WriteContext, spark_schema: Any, *,
              order: list[Any], n_write: int, split: bool,
              check: Callable[[], None]) -> list[Any]:
     from pyspark.sql import functions as F
 
     n_groups = len(dctx.groups)
-    decoded = map_in_arrow(spark.range(0, n_groups, 1, n_groups), _decoder(dctx), spark_schema)
+    decoded = spark.range(0, n_groups, 1, n_groups).mapInArrow(_decoder(dctx), spark_schema)
     bucket, prefix = (F.col(n) for n in dctx.out_schema.names[-2:])
     if split:  # a bucket's rows share one partition key: (INT64_MAX, bucket, nulls)
         sort_exprs = [prefix.asc(), bucket.asc_nulls_first(),
@@ -726,7 +704,7 @@ def _execute(spark: Any, dctx: DecodeContext, wctx: WriteContext, spark_schema: 
         shaped = decoded.repartition(1)
     else:
         shaped = decoded.repartitionByRange(n_write, *part_exprs)
-    written = map_in_arrow(shaped.sortWithinPartitions(*sort_exprs), _writer(wctx), META_DDL)
+    written = shaped.sortWithinPartitions(*sort_exprs).mapInArrow(_writer(wctx), META_DDL)
     check()
     rows: list[Any] = written.collect()
     return rows
