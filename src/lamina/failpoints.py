@@ -5,7 +5,7 @@ variable read at import::
 
     LAMINA_FAILPOINTS="trace.after_batch_written=kill@2,fs.before_rename=error"
 
-Actions: ``kill`` (SIGKILL this process), ``error`` (raise OSError(EIO) at that point),
+Actions: ``kill`` (SIGKILL this process), ``error`` (raise StorageError(EIO) there),
 ``sleep:<seconds>``; ``@N`` fires on the N-th time the point is reached (default: the
 first). When the variable is unset, :func:`hit` is one truthiness test of an empty dict.
 
@@ -30,6 +30,8 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+
+from lamina.errors import StorageError
 
 ENV = "LAMINA_FAILPOINTS"
 NAMES = ("wal.mid_record", "wal.after_write", "fs.before_rename", "fs.after_rename",
@@ -63,28 +65,28 @@ ACTIVE: dict[str, _Point] = parse(os.environ.get(ENV, ""))
 
 def hit(name: str) -> None:
     """Reach fail point ``name``: nothing happens unless it is configured."""
-    if ACTIVE:
-        _trigger(name)
+    if ACTIVE and fires(name):
+        act(name)
 
 
-def armed(name: str) -> bool:
-    """True if ``name`` is configured and its next hit fires (for ``wal.mid_record``,
-    where the writer must tear the record itself before the kill)."""
-    p = ACTIVE.get(name)
-    return p is not None and p.hits + 1 == p.nth
-
-
-def _trigger(name: str) -> None:
+def fires(name: str) -> bool:
+    """Count a pass through ``name``; True if this pass is the one that fires. For points
+    where the caller must do something first (``wal.mid_record`` tears the record), then
+    calls :func:`act`."""
     p = ACTIVE.get(name)
     if p is None:
-        return
+        return False
     p.hits += 1
-    if p.hits != p.nth:
-        return
-    if p.action == "kill":
+    return p.hits == p.nth
+
+
+def act(name: str) -> None:
+    """Carry out the action configured for ``name``."""
+    action = ACTIVE[name].action
+    if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)  # SIGKILL is delivered asynchronously; never run past the point
-    elif p.action == "error":
-        raise OSError(errno.EIO, f"fail point {name}")
+    elif action == "error":
+        raise StorageError(errno.EIO, f"fail point {name}: injected I/O error")
     else:
-        time.sleep(float(p.action.split(":", 1)[1]))
+        time.sleep(float(action.split(":", 1)[1]))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import crc32c as _crc32c
 
+from lamina import failpoints
 from lamina.errors import StorageError
 
 TMP_SUFFIX = ".tmp"
@@ -210,10 +211,12 @@ class FileSystem:
         return AppendFile(self, path, fd, size)
 
     def rename(self, src: Path, dst: Path, *, sync_dir: bool = True) -> None:
+        failpoints.hit("fs.before_rename")
         try:
             self.os_rename(src, dst)
         except OSError as exc:
             raise _fail("rename", f"{src} -> {dst}", exc) from exc
+        failpoints.hit("fs.after_rename")
         if sync_dir:
             self.fsync_dir(dst.parent)
             if src.parent != dst.parent:

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lamina import failpoints
 from lamina.errors import CorruptionError
 from lamina.fs import TMP_SUFFIX, FileSystem
 from lamina.schema import RelationMeta
@@ -109,7 +110,10 @@ class Trace:
         new = st.next(upper=plan.upper, since=plan.since, batches=batches,
                       converted_through=plan.converted_through,
                       pending=(*plan.keep, *new_pending))
-        return self._publish(new)
+        failpoints.hit("trace.after_batch_written")
+        published = self._publish(new)
+        failpoints.hit("trace.after_state_published")
+        return published
 
     def commit_merge(self, plan: MergePlan, parts: Iterable[PartFile]) -> TraceState:
         """Replace the plan's two batches by the merged one."""
@@ -122,7 +126,11 @@ class Trace:
         rows = sum(p.rows for p in parts)
         merged = BatchDesc(id=plan.batch_id, lower=plan.lower, upper=plan.upper,
                            since=plan.since, level=merged_level(plan, rows), parts=parts)
-        return self._publish(st.next(batches=(*st.batches[:i], merged, *st.batches[i + 2:])))
+        failpoints.hit("trace.mid_merge")
+        published = self._publish(st.next(batches=(*st.batches[:i], merged,
+                                                   *st.batches[i + 2:])))
+        failpoints.hit("trace.after_state_published")
+        return published
 
     def delete_converted_segments(self, wal_dir: Path) -> int:
         """Delete WAL segments the state marks converted (only ever after publication).
@@ -133,6 +141,8 @@ class Trace:
         relation's upper and since from it, and readers take them from it."""
         deleted = 0
         for seq in self._converted_segment_files(wal_dir):
+            if deleted:
+                failpoints.hit("trace.mid_segment_delete")
             self.fs.unlink(wal_dir / segment_name(seq, finished=True), sync_dir=False)
             deleted += 1
         if deleted:
@@ -177,7 +187,9 @@ class Trace:
                     continue
                 if rel in named or st.st_mtime >= cutoff:
                     continue
+                failpoints.hit("gc.before_delete")
                 self.fs.unlink(path, sync_dir=False)
+                failpoints.hit("gc.after_delete")
                 files += 1
                 nbytes += st.st_size
         for tmp in (self.dir / STATE_DIR).glob(f"*{TMP_SUFFIX}"):

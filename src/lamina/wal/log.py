@@ -38,6 +38,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lamina import failpoints
 from lamina.errors import (
     CorruptionError,
     FrontierRegressionError,
@@ -256,10 +257,14 @@ class WalWriter:
     def _write(self, data: bytes | memoryview, *, progress: bool = False) -> int:
         """Append one record to the open segment; caller holds ``_mu``."""
         try:
+            if failpoints.ACTIVE and failpoints.fires("wal.mid_record"):
+                self._file.write(memoryview(data)[: len(data) // 2])
+                failpoints.act("wal.mid_record")
             self._file.write(data)
         except StorageError as exc:
             self._fail(exc)
             raise
+        failpoints.hit("wal.after_write")
         self._tail_progress = progress
         if self.policy != "always":  # acknowledged once written
             self._acked_size = self._file.size
