@@ -37,6 +37,7 @@ pytest: $(STAMP) java
 test: lint typecheck pytest
 
 bench: $(STAMP) java
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench.run
 
 clean:
