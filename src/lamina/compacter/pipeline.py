@@ -2,8 +2,8 @@
 
 Each pass (:meth:`RelationPipeline.step`):
 
-1. **Convert**: the finished WAL segments after the trace's ``converted_through`` are
-   scanned (checksums verified on the driver, one segment in memory at a time), grouped
+1. **Convert**: the finished WAL segments after the trace's ``converted_through`` have
+   their frontiers read (frame headers only; the Spark tasks verify every checksum), grouped
    into one job up to ``max_segments_per_job`` / ``max_bytes_per_job`` (Spark's fixed cost
    per job is paid once for many small segments), converted by the executor, and
    committed with one compare-and-append; then the segments are deleted.
@@ -44,7 +44,7 @@ from lamina.schema import RelationMeta
 from lamina.trace.plan import SegmentSpan, plan_conversion, plan_merge
 from lamina.trace.trace import Trace
 from lamina.wal.reader import finished_segments, frontiers
-from lamina.wal.segment import SegmentFile, scan_file
+from lamina.wal.segment import SegmentFile, read_frontiers
 
 T = TypeVar("T")
 log = structlog.get_logger("lamina.compacter")
@@ -150,9 +150,10 @@ class RelationPipeline:
         return spans
 
     def _scan(self, seg: SegmentFile) -> SegmentSpan:
-        scan, data = scan_file(seg, self.name)
+        """Frontiers from frame headers only; the conversion tasks verify the payloads."""
+        scan = read_frontiers(seg, self.name)
         return SegmentSpan(seq=seg.seq, path=str(seg.path), lower=scan.lower, upper=scan.upper,
-                           since=scan.since, bytes=len(data))
+                           since=scan.since, bytes=scan.valid_end)
 
     async def _convert(self, stop: asyncio.Event) -> bool:
         assert self.trace is not None

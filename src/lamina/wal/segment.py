@@ -35,6 +35,9 @@ from pathlib import Path
 
 from lamina.fs import crc32c
 from lamina.wal.record import (
+    HEADER,
+    HEADER_SIZE,
+    MAX_PAYLOAD,
     BadFrame,
     Record,
     RecordType,
@@ -162,8 +165,8 @@ def scan_buffer(buf: memoryview, path: Path, *, finished: bool, relation: str | 
     return scan
 
 
-def _apply(scan: Scan, rec: Record) -> None:
-    first = not scan.records
+def _apply(scan: Scan, rec: Record, *, first: bool | None = None) -> None:
+    first = not scan.records if first is None else first
     if first and rec.rtype is not RecordType.PROGRESS:
         raise corrupt(scan.path, rec.offset, f"segment starts with a {rec.rtype.name} record, "
                                              "expected PROGRESS")
@@ -222,3 +225,47 @@ def scan_file(seg: SegmentFile, relation: str | None = None) -> tuple[Scan, byte
     data = seg.path.read_bytes()
     return scan_buffer(memoryview(data), seg.path, finished=seg.finished, relation=relation,
                        seq=seg.seq), data
+
+
+def read_frontiers(seg: SegmentFile, relation: str) -> Scan:
+    """The frontiers of a finished segment, reading only its header, the frame headers and
+    the frontier records' payloads (seeking past update payloads).
+
+    Update records are framed-checked (type, length within the file) but their checksums
+    are left to whoever decodes them (the conversion tasks); frontier records are fully
+    verified. Returns a Scan with ``lower``, ``upper``, ``since`` and ``valid_end`` (the file
+    size) set and no records. Any damage raises CorruptionError, as in :func:`scan_buffer`."""
+    path = seg.path
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        head = f.read(_FIXED.size + 64 + 4 + 8)
+        rel, hseq, offset = _read_header(memoryview(head), path, finished=True) or ("", 0, 0)
+        if rel != relation or hseq != seg.seq:
+            raise corrupt(path, 0, f"segment header names {rel!r} #{hseq}, expected "
+                                   f"{relation!r} #{seg.seq}")
+        scan = Scan(path=path, seq=hseq, relation=rel, valid_end=size)
+        last: RecordType | None = None
+        while offset < size:
+            f.seek(offset)
+            header = f.read(HEADER_SIZE)
+            if len(header) < HEADER_SIZE:
+                raise corrupt(path, offset, "incomplete record header in a finished segment")
+            length, rtype, _crc = HEADER.unpack(header)
+            end = offset + HEADER_SIZE + length
+            if rtype not in RecordType._value2member_map_ or length > MAX_PAYLOAD or end > size:
+                raise corrupt(path, offset, "bad record frame in a finished segment")
+            if rtype == RecordType.UPDATES:
+                if last is None:
+                    raise corrupt(path, offset, "segment starts with an UPDATES record, "
+                                                "expected PROGRESS")
+            else:
+                rec = read_frame(memoryview(header + f.read(length)), 0)
+                if isinstance(rec, BadFrame):
+                    raise corrupt(path, offset, f"{rec.reason} in a finished segment")
+                _apply(scan, Record(offset, rec.rtype, rec.payload), first=last is None)
+            last = RecordType(rtype)
+            offset = end
+    if last is not RecordType.PROGRESS:
+        raise corrupt(path, size, "finished segment does not end with a progress record")
+    return scan
