@@ -90,17 +90,41 @@ class RelationPipeline:
         await asyncio.to_thread(self.refresh_metrics)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step until ``stop`` is set or the pipeline ends."""
+        """Step until ``stop`` is set or the pipeline ends. An unexpected error (a disk
+        error deleting inputs, a bug) is logged and the pass retried after a backoff: the
+        steps are crash-safe, so a failed pass leaves nothing half done."""
         if self.trace is None and self.quarantined is None:
             await self.recover()
+        delay = self.settings.retry_initial_seconds
         while not stop.is_set() and self.quarantined is None and self.stopped is None:
             try:
                 worked = await self.step(stop)
+                delay = self.settings.retry_initial_seconds
             except PipelineStopped:
                 return
+            except Exception as exc:  # one relation must not stop the daemon
+                log.exception("compaction pass failed; retrying", relation=self.name,
+                              error=str(exc), retry_in=delay)
+                self.metrics.job_retries.labels(kind="conversion").inc()
+                await self._reload_trace()
+                worked = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, self.settings.retry_max_seconds)
+                continue
             if not worked:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.settings.poll_interval)
+
+    async def _reload_trace(self) -> None:
+        """After a failed pass, start again from the state on disk, not the one in memory."""
+        try:
+            self.trace = await asyncio.to_thread(
+                Trace.open, self.layout.trace_dir(self.name), self.meta, self.fs)
+        except CorruptionError as exc:
+            await self._quarantine(exc)
+        except Exception:  # retried on the next pass
+            log.exception("reloading the trace failed", relation=self.name)
 
     # --- steps ----------------------------------------------------------------------------
     async def step(self, stop: asyncio.Event) -> bool:
