@@ -28,8 +28,10 @@ with Store.open(sys.argv[1], segment_bytes=4096) as store:
 """
 
 
-def run_child(data: Path, spec: str) -> tuple[int, list[int]]:
+def run_child(data: Path, spec: str, shared: Path | None = None) -> tuple[int, list[int]]:
     env = dict(os.environ, LAMINA_FAILPOINTS=spec)
+    if shared is not None:
+        env["LAMINA_FAILPOINTS_SHARED"] = str(shared)
     out = subprocess.run([sys.executable, "-c", CHILD, str(data)], env=env,
                          capture_output=True, timeout=60, check=False,
                          cwd=Path(__file__).resolve().parents[1])
@@ -82,3 +84,19 @@ def test_error_action_fails_the_writer_and_recovery_keeps_acked(tmp_path: Path) 
         rel.seal(rel.upper)
         ids = rel.snapshot(rel.upper - 1).column("id").to_pylist()
     assert ids == acked
+
+
+def test_shared_count_fires_once_across_processes(tmp_path: Path) -> None:
+    """With LAMINA_FAILPOINTS_SHARED the passes of every process are counted together
+    (as the Spark Python workers of one daemon need: each failed task attempt runs in a
+    fresh process): the point fires in the first process, and a second process carries on
+    from its count instead of firing again."""
+    data, shared = tmp_path / "data", tmp_path / "shared"
+    shared.mkdir()
+    code, acked = run_child(data, "wal.after_write=error@3", shared)
+    assert code == 1
+    assert len(acked) == 1  # append, seal, then the third record's write fails
+    code, acked = run_child(data, "wal.after_write=error@3", shared)
+    assert code == 0
+    assert len(acked) == 50
+    assert (shared / "wal.after_write.hits").stat().st_size > 100

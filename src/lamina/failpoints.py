@@ -9,6 +9,12 @@ Actions: ``kill`` (SIGKILL this process), ``error`` (raise StorageError(EIO) the
 ``sleep:<seconds>``; ``@N`` fires on the N-th time the point is reached (default: the
 first). When the variable is unset, :func:`hit` is one truthiness test of an empty dict.
 
+Passes are counted per process, unless ``LAMINA_FAILPOINTS_SHARED`` names a directory:
+then every process with that setting counts in one file per point there (one byte
+appended per pass), so ``@N`` fires once across a daemon and all its Spark Python workers.
+Without it a point inside a Spark task fires in every worker: PySpark ends a worker whose
+task raised, and the retried task runs in a fresh process that counts from zero again.
+
 The points (each at a step boundary of DESIGN §7):
 
 | name | where |
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from lamina.errors import StorageError
 
 ENV = "LAMINA_FAILPOINTS"
+SHARED_ENV = "LAMINA_FAILPOINTS_SHARED"
 NAMES = ("wal.mid_record", "wal.after_write", "fs.before_rename", "fs.after_rename",
          "trace.after_batch_written", "trace.mid_merge", "trace.after_state_published",
          "trace.mid_segment_delete", "gc.before_delete", "gc.after_delete")
@@ -61,6 +68,7 @@ def parse(spec: str) -> dict[str, _Point]:
 
 
 ACTIVE: dict[str, _Point] = parse(os.environ.get(ENV, ""))
+SHARED: str | None = os.environ.get(SHARED_ENV) or None
 
 
 def hit(name: str) -> None:
@@ -76,8 +84,20 @@ def fires(name: str) -> bool:
     p = ACTIVE.get(name)
     if p is None:
         return False
-    p.hits += 1
+    p.hits = _shared_pass(SHARED, name) if SHARED else p.hits + 1
     return p.hits == p.nth
+
+
+def _shared_pass(directory: str, name: str) -> int:
+    """Count one pass in ``directory``'s file for ``name``; the count so far, across every
+    process (an O_APPEND write is atomic, and the offset after it is this pass's number)."""
+    fd = os.open(os.path.join(directory, f"{name}.hits"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, b".")
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    finally:
+        os.close(fd)
 
 
 def act(name: str) -> None:

@@ -143,7 +143,8 @@ class RelationMeta:
                        format_version=version)
         except CorruptionError:
             raise
-        except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError,
+                pa.ArrowException, pa.ArrowIOError) as exc:  # ArrowIOError: an OSError
             raise CorruptionError(f"relation.json is unreadable: {exc}", path=str(path)) from exc
 
 

@@ -123,12 +123,36 @@ def _wait(cluster: StandaloneCluster, ready: Any, what: str, timeout: float) -> 
     raise TimeoutError(f"{what} not ready after {timeout}s (last: {last})\n{cluster.logs()}")
 
 
+def start_worker(cluster: StandaloneCluster, *, cores: int = 2, memory: str = "1g",
+                 env: dict[str, str] | None = None, timeout: float = 180.0
+                 ) -> subprocess.Popen[bytes]:
+    """Start one more worker (in a session of its own: its process group holds its
+    executors and their Python workers, which inherit ``env`` on top of the cluster's
+    environment) and wait until the master counts it ALIVE."""
+    alive = sum(w.get("state") == "ALIVE" for w in cluster.status().get("workers", []))
+    n = sum(1 for _ in (cluster.work / "logs").glob("worker*.log"))
+    work_dir = cluster.work / f"worker{n or ''}"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    proc = _start(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                   "--cores", str(cores), "--memory", memory, "--webui-port", str(free_port()),
+                   "--work-dir", str(work_dir), cluster.master_url],
+                  {**cluster_env(cluster.work), **(env or {})},
+                  cluster.work / "logs" / f"worker{n or ''}.log")
+    cluster.procs.append(proc)
+    _wait(cluster, lambda d: sum(w.get("state") == "ALIVE"
+                                 for w in d.get("workers", [])) > alive,
+          "the worker", timeout)
+    return proc
+
+
 @contextlib.contextmanager
 def standalone_cluster(work: Path, *, cores: int = 2, memory: str = "1g",
-                       timeout: float = 180.0) -> Iterator[StandaloneCluster]:
-    """A running master and worker on 127.0.0.1; stopped when the block exits."""
+                       timeout: float = 180.0, worker_env: dict[str, str] | None = None,
+                       workers: int = 1) -> Iterator[StandaloneCluster]:
+    """A running master and ``workers`` workers on 127.0.0.1 (more can be added with
+    :func:`start_worker`); stopped when the block exits."""
     env = cluster_env(work)
-    port, web, worker_web = free_port(), free_port(), free_port()
+    port, web = free_port(), free_port()
     cluster = StandaloneCluster(master_url=f"spark://127.0.0.1:{port}",
                                 web_url=f"http://127.0.0.1:{web}", work=work, procs=[])
     try:
@@ -136,14 +160,9 @@ def standalone_cluster(work: Path, *, cores: int = 2, memory: str = "1g",
             ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
              "--port", str(port), "--webui-port", str(web)], env, work / "logs" / "master.log"))
         _wait(cluster, lambda d: d.get("status") == "ALIVE", "the master", timeout)
-        (work / "worker").mkdir(parents=True, exist_ok=True)
-        cluster.procs.append(_start(
-            ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-             "--cores", str(cores), "--memory", memory, "--webui-port", str(worker_web),
-             "--work-dir", str(work / "worker"), cluster.master_url],
-            env, work / "logs" / "worker.log"))
-        _wait(cluster, lambda d: any(w.get("state") == "ALIVE" for w in d.get("workers", [])),
-              "the worker", timeout)
+        for _ in range(workers):
+            start_worker(cluster, cores=cores, memory=memory, env=worker_env,
+                         timeout=timeout)
         yield cluster
     finally:
         cluster.stop()

@@ -137,7 +137,8 @@ def decode_state(data: bytes, path: Path) -> TraceState:
         state = TraceState.from_dict(body)
     except CorruptionError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
+            OverflowError) as exc:  # OverflowError: int() of an infinite float
         raise CorruptionError(f"trace state is unreadable: {exc!r}", path=path) from exc
     if path.name != state_file_name(state.version):
         raise CorruptionError(f"trace state says version {state.version}", path=path)

@@ -70,7 +70,12 @@ class Trace:
     @classmethod
     def open(cls, trace_dir: Path, meta: RelationMeta, fs: FileSystem | None = None) -> Trace:
         """Load the newest state (checking invariants). A trace left by a dropped relation of
-        the same name (another ``relation_id``) is removed first."""
+        the same name (another ``relation_id``) is removed first.
+
+        The state directory is fsynced before the state is used: the newest version may
+        have been published by a writer that died (or whose fsync failed) before it
+        fsynced the directory, and this writer deletes the inputs that version replaced
+        (DESIGN §7 rule 3), which must never become durable before the version itself."""
         fs = fs or FileSystem()
         store = StateStore(trace_dir, fs)
         state = store.load_latest()
@@ -79,6 +84,8 @@ class Trace:
             state = None
         if state is None:
             state = TraceState.empty(meta.name, meta.relation_id)
+        else:
+            fs.fsync_dir(store.dir)
         check_state(state, store.dir)
         fs.makedirs(trace_dir)
         return cls(trace_dir, meta, fs, state)

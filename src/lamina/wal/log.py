@@ -372,6 +372,10 @@ class WalWriter:
                     # the compacter converted and deleted every finished segment.
                     old, seq = self._file, self.seq
                     old.sync()
+                    # Durable now, closing PROGRESS included: a failure from here on must
+                    # not cut it off, or the next segment (which starts at this upper)
+                    # would follow an old one that no longer ends there.
+                    self._acked_size = old.size
                     new = self._create_segment(seq + 1, self._upper, self._since)
                     try:
                         self.fs.rename(old.path, self.dir / segment_name(seq, finished=True))

@@ -113,11 +113,19 @@ def decode_updates(payload: bytes | memoryview) -> pa.Table:
 
     Records sit at arbitrary offsets of a segment, so their buffers may be misaligned for
     their types; Arrow copies just those buffers to aligned memory (compute kernels would
-    otherwise warn, or on some platforms misread)."""
+    otherwise warn, or on some platforms misread).
+
+    The IPC reader checks the framing, not the data: a payload that passed its checksum
+    but was written wrong (a bug, or bytes crafted to pass) could still carry string
+    offsets pointing outside their buffer, invalid UTF-8 or decimals beyond their
+    precision, which compute kernels would read out of bounds. Full validation (about
+    9 GB/s) turns those into the same ValueError."""
     try:
-        return pa.ipc.open_stream(pa.py_buffer(payload), options=_READ_OPTIONS).read_all()
+        table = pa.ipc.open_stream(pa.py_buffer(payload), options=_READ_OPTIONS).read_all()
+        table.validate(full=True)
     except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"malformed Arrow IPC payload: {exc}") from exc
+    return table
 
 
 @dataclass(frozen=True, slots=True)
