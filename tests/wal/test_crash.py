@@ -41,19 +41,22 @@ IDS_PER_RUN = 1_000_000
 
 
 def _run_and_kill(root: Path, first_id: int, seed: int, delay: float) -> set[int]:
-    """Start the child, SIGKILL it ``delay`` seconds after it is ready; return the batch
-    ids it acknowledged (complete lines only)."""
+    """Start the child, SIGKILL it ``delay`` seconds after its first acknowledged append
+    (so a slow start on a loaded machine cannot make a run void); return the batch ids it
+    acknowledged (complete lines only)."""
     with subprocess.Popen([sys.executable, str(CHILD), str(root), str(first_id), str(seed)],
                           stdout=subprocess.PIPE, text=True) as child:
         assert child.stdout is not None
         ready = child.stdout.readline()
         assert ready == "ready\n", f"child did not start: {ready!r}"
+        first = child.stdout.readline()
+        assert first.endswith("\n"), f"child died before its first append: {first!r}"
         time.sleep(delay)
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
         assert child.returncode == -signal.SIGKILL, "the child stopped on its own"
         rest = child.stdout.read()
-    lines = rest.split("\n")[:-1]  # the last piece is a partial line or empty
+    lines = [first.strip(), *rest.split("\n")[:-1]]  # the last piece may be partial
     return {int(line) for line in lines}
 
 
