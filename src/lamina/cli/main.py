@@ -51,9 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     drill = sub.add_parser("drill", help="restart-recovery drill against an oracle")
     _data_dir_arg(drill, None)
-    drill.add_argument("--kills", type=int, default=20)
-    drill.add_argument("--seed", type=int, default=None)
+    drill.add_argument("--kills", type=int, default=20,
+                       help="SIGKILLs to deliver, coordinator and daemon (default 20)")
+    drill.add_argument("--seed", type=int, default=None,
+                       help="seed of the kill schedule and workload (default: random)")
     drill.add_argument("--report", help="write the JSON report here")
+    drill.add_argument("--daemon-share", type=float, default=0.1,
+                       help="fraction of the kills aimed at the daemon (default 0.1; each "
+                       "daemon kill costs a Spark start-up)")
+    drill.add_argument("--max-seconds", type=float, default=None,
+                       help="stop killing in time to finish within about this long")
+    drill.add_argument("--coordinators", type=int, default=2,
+                       help="coordinator workloads killed in parallel, one relation each "
+                       "(default 2)")
     return parser
 
 

@@ -6,9 +6,15 @@ The workload records every operation in an *ack log* (JSON lines, fsynced)::
     {"op": 7, "ack": true}                                                after it returned
 
 An operation with an intent but no ack was cut short by a kill: it may or may not have
-reached the log. Each append carries a marker row (``id = -op``), so the data itself
-tells which; :meth:`Oracle.resolve` settles every such operation before comparing.
-Seals and compaction frontiers are settled from the relation's frontiers the same way.
+reached the log. Each append's first row is a marker (``id = -op``, ``val = "marker"``) at
+the append's lowest time, so the data itself tells which: :meth:`Oracle.resolve` settles
+an in-doubt append from the markers present once the relation's upper has passed the
+marker's time (until then none of its rows is readable, so it cannot matter). Seals and
+compaction frontiers in doubt are settled from the relation's frontiers.
+
+The oracle keeps updates at times at or before ``since`` summed per row (a read at
+``as_of >= since`` sees them all), so its size follows the distinct rows plus the recent
+updates, not the length of the history. Markers are kept apart, one entry per append.
 """
 
 from __future__ import annotations
@@ -20,66 +26,125 @@ from pathlib import Path
 from typing import Any
 
 Row = tuple[int, str]
+MARKER = "marker"
 
 
 @dataclass
 class Oracle:
     """Every update the store must hold, and the frontiers it must report."""
 
-    updates: list[tuple[int, str, int, int]] = field(default_factory=list)
     upper: int = 0
     since: int = 0
-    in_doubt: dict[int, dict[str, Any]] = field(default_factory=dict)
     ops: int = 0
+    markers: dict[int, int] = field(default_factory=dict)
+    in_doubt: dict[int, dict[str, Any]] = field(default_factory=dict)
+    resolved_applied: int = 0
+    resolved_not_applied: int = 0
+    max_op: int = 0
+    _base: dict[Row, int] = field(default_factory=lambda: defaultdict(int))
+    _recent: list[tuple[int, str, int, int]] = field(default_factory=list)
+    _offset: int = 0
 
     @classmethod
     def load(cls, path: Path) -> Oracle:
         oracle = cls()
-        intents: dict[int, dict[str, Any]] = {}
+        oracle.feed(path)
+        return oracle
+
+    def feed(self, path: Path) -> None:
+        """Read the ack log's complete lines written since the last call. Call it only while
+        no workload runs: an intent without an ack is then in doubt for good (the next
+        workload starts with a new operation number)."""
         if not path.exists():
-            return oracle
-        for line in path.read_text().splitlines():
+            return
+        with path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        intents: dict[int, dict[str, Any]] = {}
+        for line in data[:end].splitlines():
             try:
                 rec = json.loads(line)
-            except ValueError:
-                continue  # a torn last line: its op is in doubt via the intent, or absent
-            op = int(rec["op"])
+                op = int(rec["op"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by a kill: its op never started, or stays in doubt
+            self.max_op = max(self.max_op, op)
             if "intent" in rec:
                 intents[op] = rec
             elif rec.get("ack") and op in intents:
-                oracle.apply(intents.pop(op))
-        oracle.in_doubt = intents
-        return oracle
+                self.apply(op, intents.pop(op))
+        self.in_doubt.update(intents)
 
-    def apply(self, rec: dict[str, Any]) -> None:
+    def apply(self, op: int, rec: dict[str, Any]) -> None:
         kind = rec["intent"]
         self.ops += 1
         if kind == "append":
-            self.updates.extend((int(r[0]), str(r[1]), int(r[2]), int(r[3]))
-                                for r in rec["rows"])
+            rows = rec["rows"]
+            marker = rows[0]
+            if int(marker[0]) != -op or marker[1] != MARKER:
+                raise ValueError(f"op {op}: append without its marker row first")
+            self.markers[op] = int(marker[2])
+            for r in rows[1:]:
+                self._add(int(r[0]), str(r[1]), int(r[2]), int(r[3]))
         elif kind == "seal":
             self.upper = max(self.upper, int(rec["value"]))
         elif kind == "since":
-            self.since = max(self.since, int(rec["value"]))
+            value = int(rec["value"])
+            if value > self.since:
+                self.since = value
+                recent, self._recent = self._recent, []
+                for i, v, t, d in recent:
+                    self._add(i, v, t, d)
 
-    def resolve(self, present_markers: set[int], upper: int, since: int) -> list[int]:
-        """Settle in-doubt operations from what the store holds; return the applied ops."""
+    def _add(self, i: int, v: str, t: int, d: int) -> None:
+        if t <= self.since:
+            self._base[(i, v)] += d
+            if self._base[(i, v)] == 0:
+                del self._base[(i, v)]
+        else:
+            self._recent.append((i, v, t, d))
+
+    def marker_time(self, op: int) -> int:
+        return int(self.in_doubt[op]["rows"][0][2])
+
+    def resolve(self, present_markers: set[int] | None, upper: int,
+                since: int) -> list[int]:
+        """Settle in-doubt operations from what the store holds: ``present_markers`` are
+        the marker ops readable at ``upper - 1``, ``upper``/``since`` the relation's
+        frontiers. An append whose marker lies at or beyond ``upper`` stays in doubt, and
+        so does every append when ``present_markers`` is None (nothing is readable while
+        ``since == upper``). Returns the operations found applied."""
         applied = []
         for op, rec in sorted(self.in_doubt.items()):
             kind = rec["intent"]
-            hit = ((kind == "append" and op in present_markers)
-                   or (kind == "seal" and upper >= int(rec["value"]))
-                   or (kind == "since" and since >= int(rec["value"])))
+            if kind == "append":
+                if present_markers is None or self.marker_time(op) >= upper:
+                    continue
+                hit = op in present_markers
+            elif kind == "seal":
+                hit = upper >= int(rec["value"])
+            else:
+                hit = since >= int(rec["value"])
+            del self.in_doubt[op]
             if hit:
-                self.apply(rec)
+                self.apply(op, rec)
+                self.resolved_applied += 1
                 applied.append(op)
-        self.in_doubt = {}
+            else:
+                self.resolved_not_applied += 1
         return applied
 
     def snapshot(self, as_of: int) -> list[tuple[int, str, int]]:
-        """Rows (id, val, diff) with a non-zero diff sum over updates at times <= as_of."""
-        sums: dict[Row, int] = defaultdict(int)
-        for i, v, t, d in self.updates:
+        """Rows (id, val, diff) with a non-zero diff sum over updates at times <= as_of,
+        for ``as_of >= since``, markers included, sorted."""
+        if as_of < self.since:
+            raise ValueError(f"the oracle holds no history before since {self.since}")
+        sums: dict[Row, int] = defaultdict(int, self._base)
+        for i, v, t, d in self._recent:
             if t <= as_of:
                 sums[(i, v)] += d
-        return sorted((i, v, d) for (i, v), d in sums.items() if d != 0)
+        out = [(i, v, d) for (i, v), d in sums.items() if d != 0]
+        out.extend((-op, MARKER, 1) for op, t in self.markers.items() if t <= as_of)
+        out.sort()
+        return out

@@ -79,15 +79,20 @@ class DaemonProcess:
     def wait_caught_up(self, relation: str, sealed_upper: int, timeout: float = 180.0) -> None:
         """Until the trace covers every finished segment and no segment is pending."""
         deadline = time.monotonic() + timeout
+        rows: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            for r in self.relations():
+            try:
+                rows = self.relations()
+            except OSError:  # a slow answer on a busy machine: ask again
+                rows = []
+            for r in rows:
                 if (r["name"] == relation and r["wal_segments_pending"] == 0
                         and r["trace_upper"] > 0 and r["sealed_upper"] == sealed_upper):
                     return
             if self.proc.poll() is not None:
                 raise AssertionError("daemon died:\n" + self.log_path.read_text()[-4000:])
             time.sleep(0.3)
-        raise AssertionError(f"daemon did not catch up: {self.relations()}\n"
+        raise AssertionError(f"daemon did not catch up: {rows}\n"
                              + self.log_path.read_text()[-3000:])
 
     def signal(self, sig: signal.Signals) -> None:
@@ -112,12 +117,23 @@ class DaemonProcess:
 
 def start_workload(data_dir: Path, ack: Path, *, seed: int, ops: int, pause: float = 0.0,
                    segment_bytes: int = 4096, env: Mapping[str, str] | None = None,
-                   quiet: bool = False) -> subprocess.Popen[bytes]:
-    """Start the drill workload (lamina.drill.workload) as a subprocess."""
+                   quiet: bool = False, first_op: int | None = None, final: bool = False,
+                   stdout: Any = None, stderr: Any = None,
+                   relation: str | None = None) -> subprocess.Popen[bytes]:
+    """Start the drill workload (lamina.drill.workload) as a subprocess. ``quiet`` sends
+    its output to /dev/null; ``stdout``/``stderr`` (file objects or ``subprocess.PIPE``)
+    override that."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     out = subprocess.DEVNULL if quiet else None
-    return subprocess.Popen([sys.executable, "-m", "lamina.drill.workload", str(data_dir),
-                             str(ack), "--seed", str(seed), "--ops", str(ops),
-                             "--segment-bytes", str(segment_bytes), "--pause", str(pause)],
-                            env=full_env, stdout=out, stderr=out)
+    cmd = [sys.executable, "-m", "lamina.drill.workload", str(data_dir), str(ack),
+           "--seed", str(seed), "--ops", str(ops), "--segment-bytes", str(segment_bytes),
+           "--pause", str(pause)]
+    if first_op is not None:
+        cmd += ["--first-op", str(first_op)]
+    if final:
+        cmd.append("--final")
+    if relation is not None:
+        cmd += ["--relation", relation]
+    return subprocess.Popen(cmd, env=full_env, stdout=out if stdout is None else stdout,
+                            stderr=out if stderr is None else stderr)

@@ -1,10 +1,19 @@
 """A coordinator workload for drills and end-to-end tests (run as a subprocess).
 
-It writes relation ``drill`` (``id`` int64 key, ``val`` string) with a seeded random mix of
-inserts, retractions, multi-diff updates, future updates (times beyond the upper),
-seals and compaction advances, recording each operation in the ack log (see
-lamina.drill.oracle) with an fsync before and after the call. Restarted after a kill, it
-continues from the frontiers the store reports.
+It writes relation ``drill`` (or ``--relation``; ``id`` int64 key, ``val`` string) with a
+seeded random mix of inserts, retractions, multi-diff updates, future updates (times
+beyond the upper), seals and compaction advances, recording each operation in the ack log
+(see lamina.drill.oracle) with an fsync before and after the call. Restarted after a kill, it
+continues from the frontiers the store reports and from the next operation number.
+
+Every append carries a marker row ``(id = -op, val = "marker")`` at the append's lowest
+time (the upper when it was made), so the data itself tells whether an append whose
+acknowledgement was lost to a kill reached the log, and how often.
+
+It prints ``ready`` once the store is open (the drill times its kills from there) and
+``workload done`` at the end. ``--final`` ends with a seal beyond every time written so
+far (future updates lie at most ``FUTURE_SPAN`` past the upper of their append), so every
+update becomes readable.
 
     python -m lamina.drill.workload DATA_DIR ACK_LOG --seed 1 --ops 200 [--segment-bytes N]
 """
@@ -27,44 +36,73 @@ from lamina.store import Relation, Store
 RELATION = "drill"
 SCHEMA = pa.schema([("id", pa.int64()), ("val", pa.string())])
 VALUES = ["a", "b", "c", "d"]
+FUTURE_SPAN = 64
+MAX_ROWS = 16
 
 
 class AckLog:
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    """The ack log, written with one ``write`` and an ``fsync`` per line. A line torn by a
+    kill is ended on the next open, so the next line stays parseable."""
 
-    def write(self, rec: dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps(rec) + "\n").encode())
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            self.write_raw(b"\n")
+
+    def write_raw(self, data: bytes) -> None:
+        os.write(self._fd, data)
         os.fsync(self._fd)
 
+    def write(self, rec: dict[str, Any]) -> None:
+        self.write_raw((json.dumps(rec) + "\n").encode())
 
-def _next_op(path: Path) -> int:
+
+def next_op(path: Path) -> int:
+    """The operation number after the last one in the ack log (read from its tail: op
+    numbers only grow)."""
     if not path.exists():
         return 1
-    last = 0
-    for line in path.read_text().splitlines():
-        try:
-            last = max(last, int(json.loads(line)["op"]))
-        except (ValueError, KeyError):
-            continue
-    return last + 1
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        window = 1 << 16
+        while True:
+            f.seek(max(0, size - window))
+            lines = f.read().splitlines()
+            for line in reversed(lines):
+                try:
+                    return int(json.loads(line)["op"]) + 1
+                except (ValueError, KeyError, TypeError):
+                    continue
+            if window >= size:
+                return 1
+            window *= 4
 
 
 def run(data_dir: Path, ack_path: Path, *, seed: int, ops: int, segment_bytes: int,
-        pause: float = 0.0) -> None:
-    op = _next_op(ack_path)
+        pause: float = 0.0, first_op: int | None = None, final: bool = False,
+        relation: str = RELATION) -> None:
+    op = next_op(ack_path) if first_op is None else first_op
     rng = random.Random(seed * 1_000_003 + op)
     log = AckLog(ack_path)
     with Store.open(data_dir, segment_bytes=segment_bytes) as store:
         try:
-            rel = store.relation(RELATION)
+            rel = store.relation(relation)
         except RelationNotFoundError:
-            rel = store.create_relation(RELATION, SCHEMA, key=["id"])
+            rel = store.create_relation(relation, SCHEMA, key=["id"])
+        print("ready", flush=True)
         live: list[tuple[int, str]] = []
         for _ in range(ops):
             op = _step(rel, rng, op, log, live)
             if pause:
                 time.sleep(pause)
+        if final:
+            value = rel.upper + FUTURE_SPAN + 1
+            log.write({"op": op, "intent": "seal", "value": value})
+            rel.seal(value)
+            log.write({"op": op, "ack": True})
     print("workload done", flush=True)
 
 
@@ -74,9 +112,10 @@ def _step(rel: Relation, rng: random.Random, op: int, log: AckLog,
     roll = rng.random()
     if roll < 0.6:
         rows: list[list[Any]] = [[-op, "marker", upper, 1]]
-        for _ in range(rng.randint(1, 40)):
+        for _ in range(rng.randint(1, MAX_ROWS)):
             kind = rng.random()
-            t = upper + (rng.randint(1, 64) if rng.random() < 0.1 else rng.randint(0, 2))
+            t = upper + (rng.randint(1, FUTURE_SPAN) if rng.random() < 0.1
+                         else rng.randint(0, 2))
             if kind < 0.5 or not live:
                 row = (rng.randint(0, 500), rng.choice(VALUES))
                 live.append(row)
@@ -109,9 +148,14 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=200)
     ap.add_argument("--segment-bytes", type=int, default=8192)
     ap.add_argument("--pause", type=float, default=0.0)
+    ap.add_argument("--first-op", type=int, default=None)
+    ap.add_argument("--relation", default=RELATION)
+    ap.add_argument("--final", action="store_true",
+                    help="end with a seal beyond every time written")
     args = ap.parse_args()
     run(args.data_dir, args.ack_log, seed=args.seed, ops=args.ops,
-        segment_bytes=args.segment_bytes, pause=args.pause)
+        segment_bytes=args.segment_bytes, pause=args.pause, first_op=args.first_op,
+        final=args.final, relation=args.relation)
 
 
 if __name__ == "__main__":
