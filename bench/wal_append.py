@@ -10,31 +10,30 @@ batch to a plain file in the same directory: the cost of the I/O alone at the sa
 cadence. The two alternate in short rounds so that both see the same disk.
 
 Prints updates/s, MB/s (record bytes written) and the ratio lamina/raw, and writes
-bench/results/wal_append.json. Targets: ratio >= 0.8 and >= 1M updates/s.
+bench/results/wal_append.json and wal_append.png. Targets: ratio >= 0.8 and >= 1M
+updates/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 
+from bench import report
 from lamina import Store
 from lamina.schema import RelationMeta, conform_updates
 from lamina.wal.record import RecordType, encode_updates, frame
 
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.int64()), ("tag", pa.string())])
-RESULTS = Path(__file__).parent / "results" / "wal_append.json"
+RESULTS = report.RESULTS / "wal_append.json"
 TARGET_RATIO = 0.8
 TARGET_UPDATES_PER_S = 1_000_000
 DISTINCT_BATCHES = 8
@@ -124,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write (default: a temp dir, removed afterwards)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    run = report.Run("wal_append", argv)
 
     work = Path(tempfile.mkdtemp(prefix="lamina-bench-", dir=args.dir))
     try:
@@ -154,10 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     ratio = lamina.updates_per_s / raw.updates_per_s if raw.updates_per_s else 0.0
-    result = {
-        "benchmark": "wal_append",
-        "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "seconds": args.seconds,
+    result = run.document({
+        "seconds_measured": args.seconds,
         "rows_per_batch": args.rows,
         "record_bytes": record_size,
         "fsync": "always",
@@ -167,20 +165,21 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"ratio": TARGET_RATIO, "updates_per_s": TARGET_UPDATES_PER_S},
         "met": {"ratio": ratio >= TARGET_RATIO,
                 "updates_per_s": lamina.updates_per_s >= TARGET_UPDATES_PER_S},
-        "machine": {"python": platform.python_version(), "pyarrow": pa.__version__,
-                    "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "dir": str(args.dir or tempfile.gettempdir())},
-    }
+        "dir": str(args.dir or tempfile.gettempdir()),
+    })
     print(f"batch: {args.rows} updates, {record_size} record bytes; fsync per append")
     for name, side in (("lamina", lamina), ("raw", raw)):
         print(f"{name:>7}: {side.appends:6d} appends  {side.updates_per_s:12,.0f} updates/s  "
               f"{side.mb_per_s:8.1f} MB/s")
     print(f"  ratio: {ratio:.3f} lamina/raw (target >= {TARGET_RATIO}); updates/s target "
           f">= {TARGET_UPDATES_PER_S:,}: {'met' if result['met']['updates_per_s'] else 'missed'}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.output.with_name(args.output.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.output)
+    report.write_result(args.output.stem, result, args.output.parent)
+    report.bar_chart(args.output.stem, "WAL append with fsync per append", [
+        ("updates/s", {"lamina": lamina.updates_per_s, "raw write+fdatasync": raw.updates_per_s}),
+        ("MB/s of records", {"lamina": lamina.mb_per_s, "raw write+fdatasync": raw.mb_per_s}),
+    ], ylabel="", results=args.output.parent,
+        note=f"ratio {ratio:.3f} (target >= {TARGET_RATIO}); {args.rows} updates per append; "
+             f"load {result['load_average']['before'][0]}")
     print(f"wrote {args.output}")
     return 0
 

@@ -115,4 +115,6 @@ def test_sigkill_during_appends_loses_nothing_acknowledged(tmp_path: Path) -> No
                 assert snap.num_rows == before.num_rows
                 assert set(pc.unique(snap.column("_diff")).to_pylist()) <= {1}
     assert total_acked > KILLS, "the child hardly acknowledged anything; the test is void"
-    assert len(list_segments(wal)) > KILLS, "segments did not rotate"
+    # Rotation must have been exercised: at least one new segment per three runs (about
+    # one per run on an idle machine; 27 in 36 runs was seen at a load average of 9).
+    assert len(list_segments(wal)) > KILLS // 3, "segments hardly rotated; the test is void"

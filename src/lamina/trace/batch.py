@@ -97,6 +97,21 @@ def batch_part_path(batch_id: str, index: int) -> str:
     return f"batches/{batch_id}/part-{index:05d}.parquet"
 
 
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How parts are encoded: zstd level 1; integer, date and timestamp columns (stored as
+    Parquet INT32/INT64) with DELTA_BINARY_PACKED and no dictionary, the others with a
+    dictionary. Rows are sorted by key and then time, so the deltas are small: on the
+    benchmark's batches (bench/convert.py) this writes files about half the size of the
+    dictionary default, a quarter faster, and reads them as fast (docs/performance.md)."""
+    delta = [f.name for f in schema if pa.types.is_integer(f.type)
+             or pa.types.is_date32(f.type) or pa.types.is_timestamp(f.type)]
+    return {"compression": PARQUET_COMPRESSION,
+            "compression_level": PARQUET_COMPRESSION_LEVEL,
+            "use_dictionary": [f.name for f in schema if f.name not in delta],
+            "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
+            "write_statistics": True}
+
+
 def write_part(fs: FileSystem, trace_dir: Path, rel_path: str, schema: pa.Schema,
                tables: Iterable[pa.Table | pa.RecordBatch]) -> PartFile:
     """Write ``tables`` (already ordered) as one Parquet file, durably; return its entry."""
@@ -104,9 +119,7 @@ def write_part(fs: FileSystem, trace_dir: Path, rel_path: str, schema: pa.Schema
     fs.makedirs(final.parent)
     rows = 0
     with fs.create_synced(final) as out:
-        writer = pq.ParquetWriter(out, schema, compression=PARQUET_COMPRESSION,
-                                  compression_level=PARQUET_COMPRESSION_LEVEL,
-                                  write_statistics=True)
+        writer = pq.ParquetWriter(out, schema, **parquet_options(schema))
         try:
             for t in tables:
                 if t.num_rows:

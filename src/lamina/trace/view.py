@@ -36,7 +36,9 @@ def trace_updates(layout: Layout, meta: RelationMeta,
         if b.lower <= as_of:
             for p in b.parts:
                 t = read_part(trace_dir, p)
-                tables.append(t if b.upper <= as_of else t.filter(pc.less_equal(t[TIME], bound)))
+                # a batch's times are below its upper or forwarded to its since (<= as_of)
+                whole = b.upper - 1 <= as_of
+                tables.append(t if whole else t.filter(pc.less_equal(t[TIME], bound)))
     for pp in state.pending:
         if pp.lower <= as_of:
             t = read_part(trace_dir, pp.part)

@@ -1,0 +1,267 @@
+"""Conversion throughput: finished WAL segments to a trace batch, lamina against baselines.
+
+    .venv/bin/python -m bench.convert [--scale 1.0] [--rounds 5] [--master 'local[*]']
+                                      [--verify]
+
+The input (:func:`bench.dataset.conversion_input`): ``10M * scale`` updates over
+``1M * scale`` distinct rows, 20% retractions, 5% future times, in finished segments.
+Three contenders convert it, each in a child process of its own (:mod:`bench.procs`),
+warmed up (once on a tenth of the input, :func:`bench.dataset.warm_scale`, and once on the
+input itself: a first full-size run grows memory pools), then run ``--rounds`` times,
+interleaved:
+
+- **lamina**: ``jobs.spark_convert`` on the plan the daemon would make, then
+  ``Trace.commit_conversion`` (the plan's segment scan, done by the daemon's pipeline before
+  a job, is measured once apart as ``plan_seconds``);
+- **duckdb**: the segments decoded with lamina's reader (checksums verified), then in one
+  DuckDB process: rows below the new upper grouped by row and time, diffs summed, zero sums
+  dropped, ordered, written as one zstd Parquet file; the future rows likewise to a second;
+- **naive**: the same decoded Arrow table handed to ``spark.createDataFrame`` and
+  consolidated with ``groupBy(future, row, time).agg(sum)``, filter, ``orderBy``,
+  ``write.partitionBy("future").parquet`` (zstd), in a session with lamina's settings.
+
+Every time includes reading the segments. Reported: median seconds, updates/s and the
+ratios of lamina's throughput to each baseline's (targets: >= 0.5x DuckDB, >= 3x naive),
+peak RSS by process role during the measured runs (:class:`bench.procs.MemorySampler`), and
+with ``--verify`` a check that lamina's batch and pending buckets equal the reference
+executor's. Writes bench/results/convert.json and convert.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bench import report
+from bench.dataset import CACHE, Input, conversion_input, warm_scale
+from bench.procs import compare, serve
+from lamina.trace.plan import SegmentSpan
+
+NAME = "convert"
+CONTENDERS = ("lamina", "duckdb", "naive")
+TARGETS = {"duckdb": 0.5, "naive": 3.0}
+DRIVER_MEMORY = "4g"
+
+
+# --- the contenders (child side) -----------------------------------------------------------------
+
+def decode(inp: Input, spans: list[SegmentSpan]) -> pa.Table:
+    """Every update of the segments, through lamina's reader (checksums verified)."""
+    from lamina.wal.reader import segment_updates
+    from lamina.wal.segment import SegmentFile
+
+    tables = []
+    for s in spans:
+        seg = SegmentFile(Path(s.path), s.seq, finished=True)
+        tables.extend(segment_updates(seg, inp.meta.name, inp.meta.update_schema))
+    return pa.concat_tables(tables)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*.parquet"))
+
+
+def lamina_run(spark: Any, inp: Input, spans: list[SegmentSpan], work: Path,
+               keep: bool = False) -> dict[str, Any]:
+    from lamina.compacter.jobs import spark_convert
+    from lamina.trace.plan import plan_conversion
+    from lamina.trace.trace import Trace
+
+    trace_dir = work / f"trace-{uuid.uuid4().hex[:8]}"
+    trace = Trace.open(trace_dir, inp.meta)
+    plan = plan_conversion(trace.state, spans)
+    started = time.monotonic()
+    parts, pending = spark_convert(spark, trace, plan)
+    state = trace.commit_conversion(plan, parts, pending)
+    seconds = time.monotonic() - started
+    out: dict[str, Any] = {"seconds": seconds, "rows_out": sum(p.rows for p in parts),
+           "bytes_out": sum(p.bytes for p in parts), "parts": len(parts),
+           "pending_rows": sum(p.part.rows for p in pending), "pending_parts": len(pending),
+           "state_version": state.version}
+    if keep:
+        out["trace_dir"] = str(trace_dir)
+    else:
+        shutil.rmtree(trace_dir)
+    return out
+
+
+def duckdb_run(inp: Input, spans: list[SegmentSpan], work: Path) -> dict[str, Any]:
+    import duckdb
+
+    out = work / f"duckdb-{uuid.uuid4().hex[:8]}"
+    out.mkdir(parents=True)
+    started = time.monotonic()
+    updates = decode(inp, spans)
+    decoded = time.monotonic() - started
+    upper = spans[-1].upper
+    rows = ", ".join(inp.meta.row_columns)
+    order = ", ".join([*inp.meta.sort_columns, "_time"])
+    con = duckdb.connect()
+    con.register("updates", updates)
+    for name, where in (("batch", f"_time < {upper}"), ("future", f"_time >= {upper}")):
+        # built from the relation's column names and the plan's upper only
+        sql = (f"COPY (SELECT {rows}, _time, CAST(SUM(_diff) AS BIGINT) AS _diff "  # noqa: S608
+               f"FROM updates WHERE {where} GROUP BY {rows}, _time "
+               f"HAVING SUM(_diff) <> 0 ORDER BY {order}) "
+               f"TO '{out / name}.parquet' (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(sql)
+    con.close()
+    seconds = time.monotonic() - started
+    batch = con_rows(out / "batch.parquet")
+    result = {"seconds": seconds, "decode_seconds": decoded, "rows_out": batch,
+              "bytes_out": (out / "batch.parquet").stat().st_size}
+    shutil.rmtree(out)
+    return result
+
+
+def con_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def naive_run(spark: Any, inp: Input, spans: list[SegmentSpan], work: Path) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    out = work / f"naive-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    updates = decode(inp, spans)
+    decoded = time.monotonic() - started
+    # Spark has no uint64: the times (all below 2**63 here) become longs
+    updates = updates.set_column(updates.schema.get_field_index("_time"), "_time",
+                                 pc.cast(updates.column("_time"), pa.int64()))
+    df = spark.createDataFrame(updates)
+    rows = inp.meta.row_columns
+    (df.withColumn("future", F.col("_time") >= F.lit(spans[-1].upper))
+       .groupBy("future", *rows, "_time").agg(F.sum("_diff").alias("_diff"))
+       .filter(F.col("_diff") != 0)
+       .orderBy("future", *inp.meta.sort_columns, "_time")
+       .write.partitionBy("future").option("compression", "zstd").parquet(str(out)))
+    seconds = time.monotonic() - started
+    result = {"seconds": seconds, "decode_seconds": decoded,
+              "bytes_out": dir_bytes(out / "future=false")}
+    shutil.rmtree(out)
+    return result
+
+
+class Contender:
+    """A child's state: its session (if any), the input and a scratch directory."""
+
+    def __init__(self, name: str, scale: float, master: str) -> None:
+        self.name = name
+        self.inp = conversion_input(scale, log=False)
+        self.spans = self.inp.spans()
+        self.work = CACHE / "work" / f"{NAME}-{name}-{uuid.uuid4().hex[:6]}"
+        self.work.mkdir(parents=True)
+        self.spark: Any = None
+        if name in ("lamina", "naive"):
+            from lamina.compacter.spark import build_session
+
+            self.spark = build_session(master, app_name=f"bench-{NAME}-{name}",
+                                       driver_memory=DRIVER_MEMORY)
+        warm = conversion_input(warm_scale(scale), log=False)
+        self.run(warm, warm.spans())  # Python workers, JIT, code paths
+        self.run(self.inp, self.spans)  # memory pools at full size, page cache
+
+    def run(self, inp: Input, spans: list[SegmentSpan], keep: bool = False) -> dict[str, Any]:
+        if self.name == "lamina":
+            return lamina_run(self.spark, inp, spans, self.work, keep)
+        if self.name == "duckdb":
+            return duckdb_run(inp, spans, self.work)
+        return naive_run(self.spark, inp, spans, self.work)
+
+    def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        if command["command"] == "ready":
+            return {"ok": True}
+        return self.run(self.inp, self.spans, bool(command.get("keep")))
+
+
+def child_main(name: str, scale: float, master: str) -> int:
+    contender = Contender(name, scale, master)
+    try:
+        return serve(contender.handle)
+    finally:
+        shutil.rmtree(contender.work, ignore_errors=True)
+        if contender.spark is not None:
+            contender.spark.stop()
+
+
+# --- the parent ---------------------------------------------------------------------------------
+
+def plan_seconds(inp: Input) -> float:
+    """What the daemon's pipeline spends describing the segments before a job (a scan with
+    checksums, one segment at a time)."""
+    started = time.monotonic()
+    inp.spans()
+    return time.monotonic() - started
+
+
+def verify(scale: float, trace_dir: str) -> str:
+    """Lamina's kept output against the reference executor on the same plan."""
+    from tests.compacter.workload import assert_same_conversion
+
+    from lamina.trace import reference
+    from lamina.trace.plan import plan_conversion
+    from lamina.trace.trace import Trace
+
+    inp = conversion_input(scale, log=False)
+    got_trace = Trace.open(Path(trace_dir), inp.meta)
+    st = got_trace.state
+    ref_dir = Path(trace_dir).with_name(Path(trace_dir).name + "-ref")
+    ref = Trace.open(ref_dir, inp.meta)
+    plan = plan_conversion(ref.state, inp.spans())
+    want = reference.run_conversion(ref, plan)
+    got = (list(st.batches[0].parts) if st.batches else [], list(st.pending))
+    assert_same_conversion(got_trace, got, ref, want)
+    shutil.rmtree(ref_dir)
+    return f"identical to the reference: {sum(p.rows for p in got[0])} batch rows"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.convert",
+                                     description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--verify", action="store_true",
+                        help="check lamina's output against the reference executor")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child_main(args.child, args.scale, args.master)
+    run = report.Run(NAME, argv)
+    inp = conversion_input(args.scale)
+    doc: dict[str, Any] = {
+        "scale": args.scale, "master": args.master, "rounds": args.rounds,
+        "input": {"updates": inp.updates, "keys": inp.keys, "wal_bytes": inp.wal_bytes(),
+                  "segments": len(inp.spans())},
+        "plan_seconds": round(plan_seconds(inp), 3)}
+    child = ["--scale", str(args.scale), "--master", args.master]
+    contenders = {c: ["--child", c, *child] for c in args.contenders.split(",")}
+    doc.update(compare(NAME, "bench.convert", scale=args.scale, rounds=args.rounds,
+                       contenders=contenders, updates=inp.updates, targets=TARGETS,
+                       verify=verify if args.verify else None))
+    doc = run.document(doc)
+    report.write_result(NAME, doc)
+    report.plot_comparison(NAME, f"Conversion of {inp.updates:,} updates ({args.master})",
+                           doc)
+    for c, v in doc["contenders"].items():
+        print(f"{c:>8}: {v['seconds_median']:8.2f} s  {v['updates_per_s']:>12,} updates/s  "
+              f"peak RSS {v['peak_rss_bytes']['total'] / 2**20:,.0f} MiB")
+    for base, r in doc["ratios"].items():
+        print(f"lamina / {base}: {r['ratio']}x (target >= {r['target']}x): "
+              f"{'met' if r['met'] else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Contenders in child processes, and their memory.
+
+One process holds at most one SparkContext, and a JVM that ran one contender's job would
+carry its heap and JIT state into the next, so every contender of a benchmark runs in a
+child process of its own: ``python -m bench.<module> --child <contender> ...``. The child
+sets itself up once (session, warm-up) and then answers commands read from stdin, one JSON
+object per line, with one line ``RESULT {json}`` on stdout. The parent keeps all children
+alive and asks them in turn, so that the contenders' runs interleave and a change in the
+machine's load (other processes) hits all of them alike.
+
+While a child works, :class:`MemorySampler` samples its process tree every 50 ms with
+psutil: the child itself (the driver: daemon-side Python), Java processes (the Spark JVM:
+driver and, in local mode, executors) and other Python processes (PySpark workers), and
+keeps each one's peak resident set size (RSS) and the peak of their sum.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+
+PROTOCOL = "RESULT "
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class MemorySampler:
+    """Peak RSS of a process tree by role, sampled in a background thread."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peaks: dict[str, int] = {"driver": 0, "jvm": 0, "python_workers": 0, "total": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sample(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        now = {"driver": 0, "jvm": 0, "python_workers": 0}
+        for p in procs:
+            try:
+                rss = int(p.memory_info().rss)
+                role = "driver" if p.pid == self.pid else \
+                    "jvm" if p.name().startswith("java") else "python_workers"
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            now[role] += rss
+        for role, value in now.items():
+            self.peaks[role] = max(self.peaks[role], value)
+        self.peaks["total"] = max(self.peaks["total"], sum(now.values()))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+
+class Child:
+    """A contender's child process, driven through stdin/stdout (module docstring)."""
+
+    def __init__(self, name: str, module: str, args: Sequence[str], log: Path) -> None:
+        """Start ``python -m module *args`` (``args`` include ``--child``) as ``name``."""
+        self.name = name
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            bufsize=1)
+        self.log = log
+
+    def call(self, command: dict[str, Any], timeout: float = 3600.0
+             ) -> tuple[dict[str, Any], dict[str, int]]:
+        """Send one command; return the child's answer and the peak RSS while it worked."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        with MemorySampler(self.proc.pid) as memory:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + timeout
+            while True:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{self.name} child exited ({self.proc.wait()}); "
+                                       f"see {self.log}")
+                if line.startswith(PROTOCOL):
+                    answer: dict[str, Any] = json.loads(line[len(PROTOCOL):])
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} child did not answer in {timeout} s")
+        if "error" in answer:
+            raise RuntimeError(f"{self.name} child failed: {answer['error']} (see {self.log})")
+        return answer, dict(memory.peaks)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write(json.dumps({"command": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(120)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def serve(handler: Handler, out: TextIO = sys.stdout) -> int:
+    """The child's loop: answer every command line on stdin until ``quit``."""
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("command") == "quit":
+            break
+        try:
+            answer = handler(command)
+        except Exception as exc:  # reported to the parent, which raises
+            import traceback
+
+            traceback.print_exc()
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        out.write(PROTOCOL + json.dumps(answer) + "\n")
+        out.flush()
+    return 0
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def contest(children: Sequence[Child], rounds: int, command: dict[str, Any]
+            ) -> dict[str, list[tuple[dict[str, Any], dict[str, int]]]]:
+    """Ask every child ``rounds`` times, in rotating order; their answers and peaks."""
+    out: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {c.name: [] for c in children}
+    for r in range(rounds):
+        order = list(children[r % len(children):]) + list(children[:r % len(children)])
+        for child in order:
+            answer, peaks = child.call(command)
+            out[child.name].append((answer, peaks))
+            print(f"  round {r + 1}/{rounds} {child.name:>8}: {answer.get('seconds', 0):7.2f} s",
+                  file=sys.stderr, flush=True)
+    return out
+
+
+def peak_memory(runs: Sequence[tuple[dict[str, Any], dict[str, int]]]) -> dict[str, int]:
+    """The largest peak of every role over several runs."""
+    roles = ("driver", "jvm", "python_workers", "total")
+    return {role: max(p[role] for _, p in runs) for role in roles}
+
+
+Verify = Callable[[float, str], str]
+
+
+def compare(name: str, module: str, *, scale: float, rounds: int,
+            contenders: dict[str, list[str]], updates: int, targets: dict[str, float],
+            reference: str = "lamina", verify: Verify | None = None,
+            logs: Path | None = None) -> dict[str, Any]:
+    """Start one child per contender (``python -m module *args``), wait until all are set
+    up, run them ``rounds`` times interleaved and summarize: median seconds, updates/s,
+    peak RSS by role, and the ``reference`` contender's throughput over each other's
+    against ``targets`` (contender name: target ratio). With ``verify``, one more run of
+    the reference keeps its output and ``verify(scale, trace_dir)`` checks it."""
+    logs = logs or ROOT / "bench" / ".cache" / "logs"
+    children = [Child(c, module, args, logs / f"{name}-{c.replace('/', '_')}.log")
+                for c, args in contenders.items()]
+    verified = None
+    try:
+        for child in children:
+            child.call({"command": "ready"})
+        runs = contest(children, rounds, {"command": "run"})
+        if verify is not None and reference in contenders:
+            ref = next(c for c in children if c.name == reference)
+            answer, _ = ref.call({"command": "run", "keep": True})
+            try:
+                verified = verify(scale, answer["trace_dir"])
+            finally:
+                import shutil
+
+                shutil.rmtree(answer["trace_dir"], ignore_errors=True)
+    finally:
+        for child in children:
+            child.close()
+    summary: dict[str, Any] = {}
+    for c, rs in runs.items():
+        secs = [a["seconds"] for a, _ in rs]
+        summary[c] = {"seconds_median": round(median(secs), 3),
+                      "seconds": [round(s, 3) for s in secs],
+                      "updates_per_s": round(updates / median(secs)),
+                      "peak_rss_bytes": peak_memory(rs),
+                      "last": {k: v for k, v in rs[-1][0].items() if k != "seconds"}}
+    ratios = {}
+    if reference in summary:
+        for base, target in targets.items():
+            if base in summary:
+                r = summary[base]["seconds_median"] / summary[reference]["seconds_median"]
+                ratios[base] = {"ratio": round(r, 3), "target": target, "met": r >= target}
+    return {"contenders": summary, "ratios": ratios, "verified": verified}

@@ -1,0 +1,246 @@
+"""Where a conversion or merge spends its time: the profiles behind docs/performance.md.
+
+    .venv/bin/python -m bench.profile tasks [--step convert|merge] [--scale 1.0] [--top 25]
+    .venv/bin/python -m bench.profile jvm [--step convert|merge] [--scale 1.0] [--runs 2]
+    .venv/bin/python -m bench.profile sums [--scale 1.0]
+    .venv/bin/python -m bench.profile wal [--runs 300]
+
+``tasks`` runs the step's Spark tasks in this process, one after the other, with no Spark
+at all (``lamina.compacter.jobs`` hands the task functions to ``_run_tasks``, which this
+replaces), and prints each job's CPU and wall seconds and cProfile's heaviest functions:
+the Python work of the step, without scheduling or parallelism.
+
+``jvm`` runs the step ``--runs`` times with Spark (``local[*]``) under Java Flight
+Recorder and prints the JVM's hottest methods (self and inclusive samples) and threads;
+with the code of an earlier commit on ``PYTHONPATH`` it profiles that code (this is how
+the former design's profile was taken).
+
+``sums`` times pyarrow's hash group-by of the merge input's 10M rows by row, summing the
+diffs as int64 and as decimal128(38, 0) (what ``lamina.consolidate`` chooses between).
+
+``wal`` times the parts of one append of bench/wal_append.py's 10,000-row batch, averaged
+over ``--runs`` appends each: ``Relation.append`` (fsync "always"), and separately the
+input check (``conform_updates``), the encoding (``encode_updates_record``, CRC32C
+included), and the raw ``os.write`` + ``os.fdatasync`` of the encoded record, interleaved
+in rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import json
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from bench.dataset import CACHE, Input, conversion_input, merge_input
+
+
+def _step(step: str, scale: float, work: Path) -> tuple[Any, Callable[[Any], Any]]:
+    """A fresh trace for the step, and a function running it with a given session."""
+    from lamina.compacter.jobs import spark_convert, spark_merge
+    from lamina.trace.plan import plan_conversion, plan_merge
+    from lamina.trace.trace import Trace
+
+    inp: Input
+    if step == "convert":
+        inp = conversion_input(scale)
+        spans = inp.spans()
+
+        def convert(spark: Any) -> Any:
+            trace = Trace.open(work / f"t{time.monotonic_ns()}", inp.meta)
+            return spark_convert(spark, trace, plan_conversion(trace.state, spans))
+        return inp, convert
+    inp = merge_input(scale)
+
+    def merge(spark: Any) -> Any:
+        trace_dir = work / f"t{time.monotonic_ns()}"
+        shutil.copytree(inp.trace_dir, trace_dir)
+        trace = Trace.open(trace_dir, inp.meta)
+        plan = plan_merge(trace.state)
+        assert plan is not None
+        return spark_merge(spark, trace, plan)
+    return inp, merge
+
+
+def tasks(step: str, scale: float, top: int) -> None:
+    from lamina.compacter import jobs
+
+    class _Context:
+        defaultParallelism = 2  # as SparkContext names it
+
+    class _Session:
+        sparkContext = _Context()
+
+    def run_tasks(spark: Any, n: int, fn: Callable[[Iterator[pa.RecordBatch]],
+                                                   Iterator[pa.RecordBatch]],
+                  ddl: str, check: Callable[[], None]) -> list[Any]:
+        out: list[Any] = []
+        cpu, wall = time.process_time(), time.monotonic()
+        profile = cProfile.Profile()
+        profile.enable()
+        for i in range(n):
+            ids = pa.record_batch([pa.array([i], pa.int64())], names=["id"])
+            for rb in fn(iter([ids])):
+                out.extend(rb.to_pylist())
+        profile.disable()
+        kind = "decode" if ddl.startswith("group") else "write"
+        print(f"== {kind} job: {n} tasks, {time.process_time() - cpu:.2f} s CPU, "
+              f"{time.monotonic() - wall:.2f} s wall")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(top)
+        return out
+
+    jobs._run_tasks = run_tasks
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        _, fn = _step(step, scale, Path(tmp))
+        started = time.monotonic()
+        fn(_Session())
+        print(f"== total {time.monotonic() - started:.2f} s wall")
+
+
+def _jfr_top(recording: Path, top: int) -> None:
+    doc = json.loads(subprocess.run(["jfr", "print", "--json", "--events",
+                                     "jdk.ExecutionSample", str(recording)],
+                                    capture_output=True, text=True, check=True).stdout)
+    events = doc["recording"]["events"]
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
+    for e in events:
+        frames = e["values"]["stackTrace"]["frames"]
+        thread = e["values"]["sampledThread"].get("javaName") or "?"
+        threads[thread.split(" ")[0][:40]] += 1
+        names = [f"{f['method']['type']['name']}.{f['method']['name']}" for f in frames]
+        if names:
+            own[names[0]] += 1
+        for name in set(names):
+            total[name] += 1
+    n = max(len(events), 1)
+    print(f"{len(events)} samples")
+    for title, counter, k in (("threads", threads, 8), ("self", own, top),
+                              ("inclusive", total, top)):
+        print(f"== {title}")
+        for name, count in counter.most_common(k):
+            print(f"{count / n:6.1%}  {name}")
+
+
+def jvm(step: str, scale: float, runs: int, top: int) -> None:
+    from lamina.compacter.spark import build_session
+
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        recording = Path(tmp) / "step.jfr"
+        spark = build_session("local[*]", app_name="bench-profile", conf={
+            "spark.driver.extraJavaOptions":
+                f"-XX:StartFlightRecording=filename={recording},settings=profile"})
+        _, fn = _step(step, scale, Path(tmp))
+        for i in range(runs):
+            started = time.monotonic()
+            fn(spark)
+            print(f"run {i + 1}: {time.monotonic() - started:.2f} s", flush=True)
+        spark.stop()  # the JVM writes the recording when it exits
+        deadline = time.monotonic() + 60
+        while not recording.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        _jfr_top(recording, top)
+
+
+def _best(fn: Callable[[], object], n: int = 3) -> float:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def sums(scale: float) -> None:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    inp = merge_input(scale)
+    files = sorted(str(p) for p in inp.trace_dir.glob("batches/*/*.parquet"))
+    table = pq.read_table(files).drop_columns(["_time"])
+    keys = inp.meta.row_columns
+    wide = table.append_column("w", pc.cast(table.column("_diff"), pa.decimal128(38, 0)))
+    print(f"{table.num_rows:,} rows, group by {keys}, best of 3 (wall seconds):")
+    print(f"  int64 sum:   {_best(lambda: table.group_by(keys).aggregate([('_diff', 'sum')])):.3f}")
+    print(f"  decimal cast + sum: "
+          f"{_best(lambda: wide.group_by(keys).aggregate([('w', 'sum')])):.3f} "
+          f"(+ cast {_best(lambda: pc.cast(table.column('_diff'), pa.decimal128(38, 0))):.3f})")
+
+
+def wal(runs: int) -> None:
+    import os
+
+    from bench.wal_append import SCHEMA, make_batches
+    from lamina import Store
+    from lamina.schema import conform_updates
+    from lamina.wal.record import encode_updates_record
+
+    batches = make_batches(10_000)
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp, \
+            Store.open(Path(tmp) / "data", fsync="always") as store:
+        rel = store.create_relation("bench", SCHEMA, key=["id"])
+        rel.append(batches[0])
+        meta = rel.meta
+        conformed = [conform_updates(meta, b) for b in batches]
+        records = [bytes(encode_updates_record(t)) for t in conformed]
+        fd = os.open(Path(tmp) / "raw.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+        def raw(i: int) -> None:
+            os.write(fd, records[i % 8])
+            os.fdatasync(fd)
+
+        parts: dict[str, Callable[[int], object]] = {
+            "Relation.append": lambda i: rel.append(batches[i % 8]),
+            "conform_updates": lambda i: conform_updates(meta, batches[i % 8]),
+            "encode_updates_record": lambda i: encode_updates_record(conformed[i % 8]),
+            "os.write + os.fdatasync": raw,
+        }
+        times: dict[str, list[float]] = {k: [] for k in parts}
+        for _ in range(5):
+            for name, fn in parts.items():
+                started = time.perf_counter()
+                for i in range(runs):
+                    fn(i)
+                times[name].append((time.perf_counter() - started) / runs * 1e3)
+        os.close(fd)
+    print(f"ms per append of 10,000 updates ({len(records[0]):,} record bytes), "
+          f"5 rounds of {runs}:")
+    for name, ms in times.items():
+        print(f"  {name:26s} median {sorted(ms)[2]:.3f}  ({' '.join(f'{m:.3f}' for m in ms)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile",
+                                     description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "wal"))
+    parser.add_argument("--step", choices=("convert", "merge"), default="convert")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if args.mode == "tasks":
+        tasks(args.step, args.scale, args.top)
+    elif args.mode == "jvm":
+        jvm(args.step, args.scale, args.runs, args.top)
+    elif args.mode == "sums":
+        sums(args.scale)
+    else:
+        wal(max(args.runs, 10))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Every benchmark, then the results table of docs/performance.md.
+
+    .venv/bin/python -m bench.run [--scale 1.0] [--rounds 5] [--only NAME,...] [--verify]
+    make bench                        # the same with the defaults
+
+Runs each benchmark as its own process (``python -m bench.<name> ...``, in the order of
+:data:`BENCHMARKS`), each writing ``bench/results/<name>.json`` and ``<name>.png``, then
+renders the table of all results (figures, targets, the load average and the exact command
+of each) between the markers ``<!-- bench:results -->`` and ``<!-- /bench:results -->`` of
+docs/performance.md. ``--table`` only renders the table from the existing results.
+``--scale 0.1`` gives a quick run on a tenth of the data (inputs are cached under
+bench/.cache, generated on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.report import RESULTS
+
+BENCHMARKS = ("wal_append", "convert", "merge", "amplification", "recovery", "scaling")
+DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+BEGIN, END = "<!-- bench:results -->", "<!-- /bench:results -->"
+
+
+def arguments(name: str, scale: float, rounds: int, verify: bool) -> list[str]:
+    if name == "wal_append":
+        return ["--seconds", "10"]
+    args = ["--scale", str(scale)]
+    if name != "amplification":
+        args += ["--rounds", str(rounds)]
+    if verify and name in ("convert", "merge"):
+        args.append("--verify")
+    return args
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"  # LAMINA_BENCH_RESULTS moves it
+    if not path.exists():
+        return None
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def _n(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _mib(v: int) -> str:
+    return f"{v / 2**20:,.0f}"
+
+
+def _ok(met: bool) -> str:
+    return "yes" if met else "**no**"
+
+
+def table() -> str:
+    """The results as markdown, one row per measured figure."""
+    rows: list[str] = []
+    foot: list[str] = []
+
+    def row(*cells: str) -> None:
+        """benchmark, figure, lamina, baseline, ratio, target, met"""
+        rows.append("| " + " | ".join(cells) + " |")
+
+    def source(doc: dict[str, Any]) -> None:
+        load = doc.get("load_average", {"before": ["?"], "after": ["?"]})
+        foot.append(f"- `{doc['benchmark']}` ({doc['when']}, load average "
+                    f"{load['before'][0]} before, {load['after'][0]} after, "
+                    f"{doc.get('seconds', '?')} s): `{doc.get('command', '?')}`")
+
+    if (doc := _load("wal_append")) is not None:
+        row("WAL append", "updates/s, fsync per append", _n(doc["lamina"]["updates_per_s"]),
+            f"raw write+fdatasync {_n(doc['raw']['updates_per_s'])}", f"{doc['ratio']}",
+            ">= 0.8", _ok(doc["met"]["ratio"]))
+        source(doc)
+    for name, label in (("convert", "Conversion"), ("merge", "Merge")):
+        if (doc := _load(name)) is None:
+            continue
+        c = doc["contenders"]
+        for base, r in doc["ratios"].items():
+            row(label, f"updates/s vs {base} (median of {doc['rounds']})",
+                _n(c["lamina"]["updates_per_s"]), _n(c[base]["updates_per_s"]),
+                f"{r['ratio']}", f">= {r['target']}", _ok(r["met"]))
+        source(doc)
+    if (doc := _load("amplification")) is not None:
+        a, t = doc["amplification"], doc["trace_size"]
+        row("Write amplification", f"merge bytes / appended bytes, {a['appends']} appends, "
+            "since fixed", f"{a['ratio']}", f"rows: {a['rows_ratio']}", f"{a['ratio']}",
+            f"<= {a['bound']}", _ok(a["met"]))
+        row("Trace size", f"trace bytes / snapshot bytes (worst of {len(t['series'])}), "
+            "since follows upper", f"{t['worst_ratio']}", f"merges wrote {t['merge_ratio']}x "
+            "the appended bytes", f"{t['worst_ratio']}", f"<= {t['target']}", _ok(t["met"]))
+        source(doc)
+    if (doc := _load("recovery")) is not None:
+        s, p = doc["start_to_ready"], doc["snapshot"]
+        row("Recovery", f"daemon start to ready, s ({s['batches']} batches, "
+            f"{_mib(s['wal_bytes'])} MiB WAL)", f"{s['seconds']}",
+            f"state files alone {s['state_read_seconds']}",
+            f"{s['ratio_ready_to_state_read']}x (Spark start {s['spark_seconds']} s, "
+            f"relations {s['relations_seconds']} s)", "-", "-")
+        row("Snapshot", f"Relation.snapshot of {p['rows_read']:,} rows, s",
+            f"{p['lamina_seconds']}", f"read_table+group_by {p['pyarrow_seconds']}",
+            f"{p['ratio']}", f">= {p['target']}", _ok(p["met"]))
+        source(doc)
+    if (doc := _load("scaling")) is not None:
+        c, up = doc["contenders"], doc["speedup_over_local1"]
+        for name in c:
+            row("Scaling", f"conversion updates/s, {name}", _n(c[name]["updates_per_s"]),
+                _n(c["local[1]"]["updates_per_s"]), f"{up[name]}x local[1]", "-", "-")
+        source(doc)
+    for name, label in (("convert", "Conversion"), ("merge", "Merge")):
+        if (doc := _load(name)) is None:
+            continue
+        for who, v in doc["contenders"].items():
+            m = v["peak_rss_bytes"]
+            row("Memory", f"{label}: peak RSS MiB of {who} (driver / JVM / Python workers)",
+                f"{_mib(m['total'])}", f"{_mib(m['driver'])} / {_mib(m['jvm'])} / "
+                f"{_mib(m['python_workers'])}", "-", "-", "-")
+    head = ["| benchmark | figure | lamina | baseline | ratio | target | met |",
+            "|---|---|---|---|---|---|---|"]
+    return "\n".join([*head, *rows, "", "Runs (each figure comes from these):", "", *foot])
+
+
+def update_doc(text: str, doc: Path = DOC) -> bool:
+    if not doc.exists():
+        return False
+    content = doc.read_text()
+    if BEGIN not in content or END not in content:
+        return False
+    head, rest = content.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run",
+                                     description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default=",".join(BENCHMARKS),
+                        help="comma-separated subset of " + ", ".join(BENCHMARKS))
+    parser.add_argument("--verify", action="store_true",
+                        help="check lamina's conversion and merge outputs against the "
+                             "reference executor")
+    parser.add_argument("--table", action="store_true",
+                        help="only render the table from the existing results")
+    args = parser.parse_args(argv)
+    failed = []
+    if not args.table:
+        for name in args.only.split(","):
+            if name not in BENCHMARKS:
+                parser.error(f"unknown benchmark {name!r}")
+            cmd = [sys.executable, "-m", f"bench.{name}",
+                   *arguments(name, args.scale, args.rounds, args.verify)]
+            print(f"== {' '.join(cmd[1:])}", flush=True)
+            started = time.monotonic()
+            if subprocess.run(cmd, check=False).returncode != 0:
+                failed.append(name)
+            print(f"== {name}: {time.monotonic() - started:.0f} s", flush=True)
+    text = table()
+    print(text)
+    if update_doc(text):
+        print(f"updated {DOC}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
