@@ -21,10 +21,13 @@ from lamina.consolidate import (
     consolidate_updates,
     forward,
     snapshot_of,
+    sort,
+    sum_adjacent,
 )
 from lamina.errors import DiffOverflowError
-from lamina.schema import DIFF, TIME
+from lamina.schema import DIFF, TIME, RelationMeta
 from lamina.wal.record import CLOSED, MAX_TIME
+from tests.strategies import batches, schemas
 
 Row = tuple[int | None, str | None, int, int]  # k, s, _time, _diff
 
@@ -168,3 +171,41 @@ def test_order_follows_the_given_columns() -> None:
     out = consolidate(_table(rows), ["s", "k"], ["s", "k"])
     assert out.column_names == ["k", "s", DIFF]
     assert _rows_of(out) == [(3, None, 1), (2, "a", 1), (None, "b", 1), (1, "b", 1)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_strategy)
+def test_sum_adjacent_equals_consolidate_on_sorted_rows(rows: list[Row]) -> None:
+    """On rows sorted by every group column, summing runs of equal neighbours gives the
+    rows :func:`consolidate` gives (same values, order and types), or declines (None) when
+    int64 sums could wrap, never a wrong sum."""
+    table = sort(_table(rows), ["k", "s", TIME])
+    out = sum_adjacent(table, ["k", "s", TIME])
+    diffs_in = [r[3] for r in rows]
+    if out is None:
+        assert max(map(abs, diffs_in)) * len(diffs_in) > INT64_MAX
+        return
+    expected = consolidate(table, ["k", "s", TIME], ["k", "s", TIME])
+    assert out.equals(expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_sum_adjacent_over_every_row_type(data: st.DataObject) -> None:
+    """Every supported row type, nulls included: equal to consolidate() on sorted input,
+    and None (left to consolidate()) exactly when a group column is floating."""
+    schema = data.draw(schemas(max_columns=3))
+    meta = RelationMeta.new("r", schema, key=None)
+    table = data.draw(batches(meta, max_rows=30, times=st.integers(0, 3)))
+    small = pa.array(data.draw(st.lists(st.integers(-2, 2), min_size=table.num_rows,
+                                        max_size=table.num_rows)), pa.int64())
+    table = table.set_column(table.num_columns - 1, DIFF, small)
+    # duplicate rows so that runs exist
+    table = sort(pa.concat_tables([table, table]), [*meta.sort_columns, TIME])
+    group = [*meta.row_columns, TIME]
+    out = sum_adjacent(table, group)
+    if any(pa.types.is_floating(f.type) for f in schema):
+        assert out is None
+        return
+    assert out is not None
+    assert out.equals(consolidate(table, group, [*meta.sort_columns, TIME]))
