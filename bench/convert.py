@@ -29,7 +29,6 @@ executor's. Writes bench/results/convert.json and convert.png.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -40,15 +39,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench import report
+from bench import procs, report
 from bench.dataset import CACHE, Input, conversion_input, warm_scale
-from bench.procs import compare, serve
+from bench.procs import SparkContender, compare
 from lamina.trace.plan import SegmentSpan
 
 NAME = "convert"
 CONTENDERS = ("lamina", "duckdb", "naive")
 TARGETS = {"duckdb": 0.5, "naive": 3.0}
-DRIVER_MEMORY = "4g"
 
 
 # --- the contenders (child side) -----------------------------------------------------------------
@@ -152,21 +150,13 @@ def naive_run(spark: Any, inp: Input, spans: list[SegmentSpan], work: Path) -> d
     return result
 
 
-class Contender:
+class Contender(SparkContender):
     """A child's state: its session (if any), the input and a scratch directory."""
 
     def __init__(self, name: str, scale: float, master: str) -> None:
-        self.name = name
+        super().__init__(NAME, name, master, CACHE)
         self.inp = conversion_input(scale, log=False)
         self.spans = self.inp.spans()
-        self.work = CACHE / "work" / f"{NAME}-{name}-{uuid.uuid4().hex[:6]}"
-        self.work.mkdir(parents=True)
-        self.spark: Any = None
-        if name in ("lamina", "naive"):
-            from lamina.compacter.spark import build_session
-
-            self.spark = build_session(master, app_name=f"bench-{NAME}-{name}",
-                                       driver_memory=DRIVER_MEMORY)
         warm = conversion_input(warm_scale(scale), log=False)
         self.run(warm, warm.spans())  # Python workers, JIT, code paths
         self.run(self.inp, self.spans)  # memory pools at full size, page cache
@@ -185,13 +175,7 @@ class Contender:
 
 
 def child_main(name: str, scale: float, master: str) -> int:
-    contender = Contender(name, scale, master)
-    try:
-        return serve(contender.handle)
-    finally:
-        shutil.rmtree(contender.work, ignore_errors=True)
-        if contender.spark is not None:
-            contender.spark.stop()
+    return procs.child_main(lambda: Contender(name, scale, master))
 
 
 # --- the parent ---------------------------------------------------------------------------------
@@ -226,16 +210,7 @@ def verify(scale: float, trace_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.convert",
-                                     description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--verify", action="store_true",
-                        help="check lamina's output against the reference executor")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = procs.comparison_args("python -m bench.convert", __doc__, CONTENDERS, argv)
     if args.child:
         return child_main(args.child, args.scale, args.master)
     run = report.Run(NAME, argv)
@@ -254,12 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write_result(NAME, doc)
     report.plot_comparison(NAME, f"Conversion of {inp.updates:,} updates ({args.master})",
                            doc)
-    for c, v in doc["contenders"].items():
-        print(f"{c:>8}: {v['seconds_median']:8.2f} s  {v['updates_per_s']:>12,} updates/s  "
-              f"peak RSS {v['peak_rss_bytes']['total'] / 2**20:,.0f} MiB")
-    for base, r in doc["ratios"].items():
-        print(f"lamina / {base}: {r['ratio']}x (target >= {r['target']}x): "
-              f"{'met' if r['met'] else 'MISSED'}")
+    procs.print_comparison(doc)
     return 0
 
 

@@ -24,7 +24,6 @@ against the reference executor's.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -36,10 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench import report
-from bench.convert import DRIVER_MEMORY, TARGETS, dir_bytes
+from bench import procs, report
+from bench.convert import TARGETS, dir_bytes
 from bench.dataset import CACHE, Input, merge_input, warm_scale
-from bench.procs import compare, serve
+from bench.procs import SparkContender, compare
 
 NAME = "merge"
 CONTENDERS = ("lamina", "duckdb", "naive")
@@ -126,20 +125,12 @@ def naive_run(spark: Any, inp: Input, work: Path) -> dict[str, Any]:
     return result
 
 
-class Contender:
+class Contender(SparkContender):
     """A child's state: its session (if any), the input and a scratch directory."""
 
     def __init__(self, name: str, scale: float, master: str) -> None:
-        self.name = name
+        super().__init__(NAME, name, master, CACHE)
         self.inp = merge_input(scale, log=False)
-        self.work = CACHE / "work" / f"{NAME}-{name}-{uuid.uuid4().hex[:6]}"
-        self.work.mkdir(parents=True)
-        self.spark: Any = None
-        if name in ("lamina", "naive"):
-            from lamina.compacter.spark import build_session
-
-            self.spark = build_session(master, app_name=f"bench-{NAME}-{name}",
-                                       driver_memory=DRIVER_MEMORY)
         self.run(merge_input(warm_scale(scale), log=False))  # Python workers, JIT
         self.run(self.inp)  # memory pools at full size, page cache
 
@@ -157,13 +148,7 @@ class Contender:
 
 
 def child_main(name: str, scale: float, master: str) -> int:
-    contender = Contender(name, scale, master)
-    try:
-        return serve(contender.handle)
-    finally:
-        shutil.rmtree(contender.work, ignore_errors=True)
-        if contender.spark is not None:
-            contender.spark.stop()
+    return procs.child_main(lambda: Contender(name, scale, master))
 
 
 def verify(scale: float, trace_dir: str) -> str:
@@ -189,16 +174,7 @@ def verify(scale: float, trace_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.merge",
-                                     description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--verify", action="store_true",
-                        help="check lamina's output against the reference executor")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = procs.comparison_args("python -m bench.merge", __doc__, CONTENDERS, argv)
     if args.child:
         return child_main(args.child, args.scale, args.master)
     run = report.Run(NAME, argv)
@@ -217,12 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = run.document(doc)
     report.write_result(NAME, doc)
     report.plot_comparison(NAME, f"Merge of two batches, {rows:,} rows ({args.master})", doc)
-    for c, v in doc["contenders"].items():
-        print(f"{c:>8}: {v['seconds_median']:8.2f} s  {v['updates_per_s']:>12,} updates/s  "
-              f"peak RSS {v['peak_rss_bytes']['total'] / 2**20:,.0f} MiB")
-    for base, r in doc["ratios"].items():
-        print(f"lamina / {base}: {r['ratio']}x (target >= {r['target']}x): "
-              f"{'met' if r['met'] else 'MISSED'}")
+    procs.print_comparison(doc)
     return 0
 
 

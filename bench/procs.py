@@ -16,11 +16,14 @@ keeps each one's peak resident set size (RSS) and the peak of their sum.
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -218,3 +221,68 @@ def compare(name: str, module: str, *, scale: float, rounds: int,
                 r = summary[base]["seconds_median"] / summary[reference]["seconds_median"]
                 ratios[base] = {"ratio": round(r, 3), "target": target, "met": r >= target}
     return {"contenders": summary, "ratios": ratios, "verified": verified}
+
+
+# --- the pieces convert.py and merge.py share ----------------------------------------------------
+
+SPARK_CONTENDERS = ("lamina", "naive")
+DRIVER_MEMORY = "4g"
+"""The Spark contenders' driver memory (in local mode the executors live in the driver)."""
+
+
+class SparkContender:
+    """A child's state: its name, a scratch directory under ``cache/work`` and, for the
+    Spark contenders, a session on ``master``. Subclasses load their input, warm up and
+    answer ``run`` commands (:meth:`handle`)."""
+
+    def __init__(self, bench: str, name: str, master: str, cache: Path) -> None:
+        self.name = name
+        self.work = cache / "work" / f"{bench}-{name}-{uuid.uuid4().hex[:6]}"
+        self.work.mkdir(parents=True)
+        self.spark: Any = None
+        if name in SPARK_CONTENDERS:
+            from lamina.compacter.spark import build_session
+
+            self.spark = build_session(master, app_name=f"bench-{bench}-{name}",
+                                       driver_memory=DRIVER_MEMORY)
+
+    def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        if self.spark is not None:
+            self.spark.stop()
+
+
+def child_main(make: Callable[[], SparkContender]) -> int:
+    """A child process: set the contender up, answer the parent, clean up."""
+    contender = make()
+    try:
+        return serve(contender.handle)
+    finally:
+        contender.close()
+
+
+def comparison_args(prog: str, doc: str | None, contenders: Sequence[str],
+                    argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a comparison benchmark (bench.convert, bench.merge)."""
+    parser = argparse.ArgumentParser(prog=prog,
+                                     description=doc.split("\n\n")[0] if doc else "")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--contenders", default=",".join(contenders))
+    parser.add_argument("--verify", action="store_true",
+                        help="check lamina's output against the reference executor")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def print_comparison(doc: dict[str, Any]) -> None:
+    for c, v in doc["contenders"].items():
+        print(f"{c:>8}: {v['seconds_median']:8.2f} s  {v['updates_per_s']:>12,} updates/s  "
+              f"peak RSS {v['peak_rss_bytes']['total'] / 2**20:,.0f} MiB")
+    for base, r in doc["ratios"].items():
+        print(f"lamina / {base}: {r['ratio']}x (target >= {r['target']}x): "
+              f"{'met' if r['met'] else 'MISSED'}")

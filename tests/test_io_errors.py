@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -49,7 +48,9 @@ from tests.trace.helpers import (
     SCHEMA,
     NoSyncFileSystem,
     Oracle,
+    StepBase,
     Update,
+    append_rounds,
     check_snapshots,
     check_trace,
     collect_all,
@@ -233,25 +234,7 @@ def test_disk_full_fails_the_append_and_keeps_every_acknowledged_one(tmp_path: P
 
 # --- trace steps ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class TraceBase:
-    root: Path
-    oracle: Oracle
-    version: int
-
-
-def _rounds(rel: Relation, oracle: Oracle, n: int, seed: int) -> None:
-    for i in range(n):
-        j = seed + i
-        rows = [(j % 4, "abc"[j % 3], oracle.upper + (j * 7) % 5, 1 + j % 2),
-                (j % 3, "x", oracle.upper + 9 + j % 23, 1)]
-        if j % 3 == 0:
-            rows.append(((j + 1) % 4, "abc"[(j + 1) % 3], oracle.upper, -1))
-        oracle.append(rel, rows)
-        oracle.seal(rel, oracle.upper + 2)
-
-
-def _trace_base(root: Path, step: str) -> TraceBase:
+def _trace_base(root: Path, step: str) -> StepBase:
     """A data directory right before ``step``: segments to convert (and pending parts to
     consume), four level-0 batches to merge, or garbage to collect."""
     oracle = Oracle()
@@ -259,25 +242,25 @@ def _trace_base(root: Path, step: str) -> TraceBase:
     with Store.open(root, segment_bytes=4096, fsync="never", fs=fs) as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
         trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs)
-        _rounds(rel, oracle, 8, 0)
+        append_rounds(rel, oracle, 8, 0)
         if step == "convert":
             convert(trace, rel.wal_dir)
             trace.delete_converted_segments(rel.wal_dir)
             oracle.allow_compaction(rel, oracle.upper - 3)
-            _rounds(rel, oracle, 10, 8)
+            append_rounds(rel, oracle, 10, 8)
         elif step == "merge":
             oracle.allow_compaction(rel, oracle.upper - 6)
-            _rounds(rel, oracle, 18, 8)
+            append_rounds(rel, oracle, 18, 8)
             assert convert(trace, rel.wal_dir, merge=False) == 4
             trace.delete_converted_segments(rel.wal_dir)
         else:
             convert(trace, rel.wal_dir)
-            _rounds(rel, oracle, 10, 8)
+            append_rounds(rel, oracle, 10, 8)
             convert(trace, rel.wal_dir)
             trace.delete_converted_segments(rel.wal_dir)
         oracle.append(rel, [(1, "tail", oracle.upper, 1)])
         oracle.seal(rel, oracle.upper + 1)
-        return TraceBase(root, oracle, trace.state.version)
+        return StepBase(root, oracle, trace.state.version)
 
 
 def _run_step(step: str, root: Path, fs: FileSystem) -> None:
@@ -301,7 +284,7 @@ def _is_op(number: int, op: Op) -> bool:
 
 
 @pytest.fixture(scope="module")
-def trace_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[TraceBase, int]]:
+def trace_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[StepBase, int]]:
     """Per step: the base directory and the number of file operations the step issues."""
     out = {}
     for step in STEPS:
@@ -316,7 +299,7 @@ def trace_bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Tra
 
 @pytest.mark.parametrize("step", STEPS)
 def test_a_failing_trace_step_leaves_the_state_intact_and_a_retry_succeeds(
-        tmp_path: Path, trace_bases: dict[str, tuple[TraceBase, int]], step: str) -> None:
+        tmp_path: Path, trace_bases: dict[str, tuple[StepBase, int]], step: str) -> None:
     """See the module docstring, second item: every single file operation of the step
     fails once (EIO and ENOSPC alternating)."""
     base, count = trace_bases[step]
@@ -363,7 +346,7 @@ def _sticky_cases() -> list[tuple[str, OpKind]]:
 
 @pytest.mark.parametrize(("step", "kind"), _sticky_cases())
 def test_a_disk_gone_bad_mid_step_changes_nothing(
-        tmp_path: Path, trace_bases: dict[str, tuple[TraceBase, int]], step: str,
+        tmp_path: Path, trace_bases: dict[str, tuple[StepBase, int]], step: str,
         kind: OpKind) -> None:
     """A disk that fails every operation from the first failing ``kind`` on (sticky):
     the step raises StorageError and the data directory still reads as before."""

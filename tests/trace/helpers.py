@@ -97,6 +97,27 @@ class Oracle:
         return sorted(points)
 
 
+@dataclass(frozen=True)
+class StepBase:
+    """A data directory right before a trace step, and what it must read as."""
+
+    root: Path
+    oracle: Oracle
+    version: int  # the trace state version before the step
+
+
+def append_rounds(rel: Relation, oracle: Oracle, n: int, seed: int) -> None:
+    """``n`` rounds of append + seal: present, future (pending) and retracting updates."""
+    for i in range(n):
+        j = seed + i
+        rows = [(j % 4, "abc"[j % 3], oracle.upper + (j * 7) % 5, 1 + j % 2),
+                (j % 3, "x", oracle.upper + 9 + j % 23, 1)]
+        if j % 3 == 0:
+            rows.append(((j + 1) % 4, "abc"[(j + 1) % 3], oracle.upper, -1))
+        oracle.append(rel, rows)
+        oracle.seal(rel, oracle.upper + 2)
+
+
 def check_snapshots(rel: Relation, oracle: Oracle, points: Iterable[int] | None = None) -> None:
     """rel.snapshot(as_of) equals the oracle's for each point (default: spread over
     [since, upper))."""

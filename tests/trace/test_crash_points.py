@@ -29,14 +29,13 @@ import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
 
 import pytest
 
 from lamina.schema import RelationMeta
-from lamina.store import Relation, Store
+from lamina.store import Store
 from lamina.trace import reference
 from lamina.trace.plan import plan_conversion
 from lamina.trace.state import StateStore
@@ -48,6 +47,8 @@ from tests.trace.helpers import (
     NAME,
     SCHEMA,
     Oracle,
+    StepBase,
+    append_rounds,
     check_snapshots,
     check_trace,
     convert,
@@ -64,54 +65,33 @@ WORKERS = 2
 pytestmark = pytest.mark.slow
 
 
-@dataclass(frozen=True)
-class Base:
-    """A data directory right before the step, and what it must read as."""
-
-    root: Path
-    oracle: Oracle
-    version: int  # the trace state version before the step
-
-
-def _rounds(rel: Relation, oracle: Oracle, n: int, seed: int) -> None:
-    """``n`` rounds of append + seal: present, future (pending) and retracting updates."""
-    for i in range(n):
-        j = seed + i
-        rows = [(j % 4, "abc"[j % 3], oracle.upper + (j * 7) % 5, 1 + j % 2),
-                (j % 3, "x", oracle.upper + 9 + j % 23, 1)]
-        if j % 3 == 0:
-            rows.append(((j + 1) % 4, "abc"[(j + 1) % 3], oracle.upper, -1))
-        oracle.append(rel, rows)
-        oracle.seal(rel, oracle.upper + 2)
-
-
-def _build(root: Path, step: str) -> Base:
+def _build(root: Path, step: str) -> StepBase:
     oracle = Oracle()
     with Store.open(root, segment_bytes=4096, fsync="never") as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
         trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
         if step == "convert":
             # An existing trace with batches and pending parts, then two segments to convert.
-            _rounds(rel, oracle, 7, 0)
+            append_rounds(rel, oracle, 7, 0)
             convert(trace, rel.wal_dir)
             trace.delete_converted_segments(rel.wal_dir)
             oracle.allow_compaction(rel, oracle.upper - 3)
-            _rounds(rel, oracle, 13, 7)
+            append_rounds(rel, oracle, 13, 7)
         elif step == "merge":
             # Four level-0 batches (a cascade of three merges), since advanced: merges
             # forward and consolidate.
-            _rounds(rel, oracle, 26, 0)
+            append_rounds(rel, oracle, 26, 0)
             oracle.allow_compaction(rel, oracle.upper - 10)
-            _rounds(rel, oracle, 2, 26)
+            append_rounds(rel, oracle, 2, 26)
             assert convert(trace, rel.wal_dir, merge=False) == 4
             trace.delete_converted_segments(rel.wal_dir)
         else:
             # Old state versions, merged-away batches, consumed pending parts and the orphan
             # batch of a writer that lost the CAS: all garbage.
-            _rounds(rel, oracle, 20, 0)
+            append_rounds(rel, oracle, 20, 0)
             convert(trace, rel.wal_dir)
             loser = Trace.open(trace.dir, rel.meta)
-            _rounds(rel, oracle, 7, 20)
+            append_rounds(rel, oracle, 7, 20)
             spans = pending_spans(trace, rel.wal_dir)
             reference.run_conversion(loser, plan_conversion(loser.state, spans))
             convert(trace, rel.wal_dir)
@@ -120,7 +100,7 @@ def _build(root: Path, step: str) -> Base:
         oracle.append(rel, [(1, "tail", oracle.upper, 1), (2, "tail", oracle.upper + 30, 1)])
         oracle.seal(rel, oracle.upper + 1)
         check_snapshots(rel, oracle)
-        return Base(root, oracle, trace.state.version)
+        return StepBase(root, oracle, trace.state.version)
 
 
 def _env() -> dict[str, str]:
@@ -163,7 +143,7 @@ class ForkServer:
         assert self.proc.returncode == 0, self.log.read_text()
 
 
-def _dry_run(base: Base, step: str, work: Path) -> list[str]:
+def _dry_run(base: StepBase, step: str, work: Path) -> list[str]:
     """The step's file operations, counted in a child on a copy of the base."""
     shutil.copytree(base.root, work)
     proc = _child(step, work, 0)
@@ -172,7 +152,7 @@ def _dry_run(base: Base, step: str, work: Path) -> list[str]:
     return log
 
 
-def _check_after_crash(base: Base, work: Path, newest: int, what: str) -> None:
+def _check_after_crash(base: StepBase, work: Path, newest: int, what: str) -> None:
     with Store.open(work, fsync="never") as store:
         rel = store.relation(NAME)
         meta: RelationMeta = rel.meta
@@ -195,7 +175,7 @@ def _check_after_crash(base: Base, work: Path, newest: int, what: str) -> None:
         assert StateStore(trace_dir, trace.fs).versions() == [state.version]
 
 
-def _crash_and_check(base: Base, step: str, servers: Queue[ForkServer], scratch: Path, *,
+def _crash_and_check(base: StepBase, step: str, servers: Queue[ForkServer], scratch: Path, *,
                      k: int, log: list[str], newest: int) -> None:
     work = scratch / f"k{k:04d}"
     shutil.copytree(base.root, work)
