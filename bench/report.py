@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(os.environ.get("LAMINA_BENCH_RESULTS", Path(__file__).parent / "results"))
+DEFAULT_RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(os.environ.get("LAMINA_BENCH_RESULTS", DEFAULT_RESULTS))
 """Where results go; ``LAMINA_BENCH_RESULTS`` moves them (e.g. for a run of older code)."""
 ENV_SHOWN = ("PYTHONPATH", "LAMINA_BENCH_RESULTS")
 

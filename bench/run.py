@@ -9,7 +9,8 @@ renders the table of all results (figures, targets, the load average and the exa
 of each) between the markers ``<!-- bench:results -->`` and ``<!-- /bench:results -->`` of
 docs/performance.md. ``--table`` only renders the table from the existing results.
 ``--scale 0.1`` gives a quick run on a tenth of the data (inputs are cached under
-bench/.cache, generated on first use).
+bench/.cache, generated on first use). With ``LAMINA_BENCH_RESULTS=DIR`` the results go
+to DIR and docs/performance.md is left alone (a smoke run, or a run of older code).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import RESULTS
+from bench.report import DEFAULT_RESULTS, RESULTS
 
 BENCHMARKS = ("wal_append", "convert", "merge", "amplification", "recovery", "scaling")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
@@ -167,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: {time.monotonic() - started:.0f} s", flush=True)
     text = table()
     print(text)
-    if update_doc(text):
+    if RESULTS.resolve() != DEFAULT_RESULTS.resolve():
+        print(f"results in {RESULTS} (LAMINA_BENCH_RESULTS): {DOC} left as it is")
+    elif update_doc(text):
         print(f"updated {DOC}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

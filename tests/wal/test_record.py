@@ -104,7 +104,17 @@ def test_update_records_round_trip(data: st.DataObject) -> None:
     conformed = conform_updates(meta, table)
     assert same_table(conformed, table)
     payload = encode_updates(conformed)
-    assert bytes(encode_updates_record(conformed)) == frame(RecordType.UPDATES, payload)
+    expected = frame(RecordType.UPDATES, payload)
+    assert bytes(encode_updates_record(conformed)) == expected
+    # a reused scratch buffer: big enough (and dirty) is written over, too small is replaced
+    big = bytearray(b"\xff" * (len(expected) + 100))
+    in_big = encode_updates_record(conformed, big)
+    assert in_big.obj is big
+    assert bytes(in_big) == expected
+    small = bytearray(len(expected) - 1)
+    in_new = encode_updates_record(conformed, small)
+    assert in_new.obj is not small
+    assert bytes(in_new) == expected
     buf = memoryview(b"junk" + frame(RecordType.UPDATES, payload))
     rec = read_frame(buf, 4)
     assert isinstance(rec, Record)

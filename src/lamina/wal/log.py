@@ -74,6 +74,10 @@ FSYNC_POLICIES: tuple[str, ...] = ("always", "interval", "never")
 LOCK_NAME = "LOCK"
 
 
+SCRATCH_LIMIT = 16 << 20
+"""Records up to this size are built in a buffer each appending thread keeps."""
+
+
 class WalWriter:
     """Appends updates and frontiers to one relation's log. Thread-safe."""
 
@@ -100,6 +104,7 @@ class WalWriter:
         self._closed = False
         self._tail_progress = False  # the open segment ends with a PROGRESS record
         self._segment_lower = 0  # the open segment's lower
+        self._scratch = threading.local()  # each appending thread's record buffer
         try:
             self._file, self.seq, self._upper, self._since = self._recover()
         except BaseException:
@@ -198,7 +203,7 @@ class WalWriter:
         """Write one UPDATES record for ``table`` (already conformed to the schema)."""
         if table.num_rows == 0:
             return
-        record = encode_updates_record(table)
+        record = encode_updates_record(table, getattr(self._scratch, "buf", None))
         if len(record) - HEADER_SIZE > MAX_PAYLOAD:
             raise InvalidArgumentError(f"append of {len(record) - HEADER_SIZE} encoded bytes "
                                        f"exceeds the {MAX_PAYLOAD}-byte record limit; split "
@@ -212,6 +217,8 @@ class WalWriter:
                     f"sealed upper {_fmt(self._upper)}; times below the upper are closed, so "
                     "send it at a time >= the upper")
             seqno = self._write(record)
+        if len(record) <= SCRATCH_LIMIT:  # written: the buffer can take the next record
+            self._scratch.buf = record.obj
         self._await_durable(seqno)
 
     def seal(self, upper: int) -> None:

@@ -85,18 +85,25 @@ def encode_updates(table: pa.Table) -> bytes:
     return data
 
 
-def encode_updates_record(table: pa.Table) -> memoryview:
+def encode_updates_record(table: pa.Table, scratch: bytearray | None = None) -> memoryview:
     """The bytes of ``frame(UPDATES, encode_updates(table))``, built in one buffer.
 
     The write path of ``append``: the Arrow IPC stream is sized on a MockOutputStream (no
     data copied) and then serialized once, straight behind the record header, so a large
     append costs one copy of its data instead of four (stream growth, ``to_pybytes``,
-    ``bytes(payload)``, header concatenation)."""
+    ``bytes(payload)``, header concatenation).
+
+    The record is built in ``scratch`` when it is big enough (the result is then a view of
+    it, valid until ``scratch`` is reused), else in a new bytearray (the view's ``.obj``,
+    which the caller may keep as the next scratch). Reusing one buffer spares every large
+    append the page faults and zeroing of fresh memory (docs/performance.md)."""
     mock = pa.MockOutputStream()
     with pa.ipc.new_stream(mock, table.schema) as writer:
         writer.write_table(table)
     size = mock.size()
-    out = memoryview(bytearray(HEADER_SIZE + size))
+    if scratch is None or len(scratch) < HEADER_SIZE + size:
+        scratch = bytearray(HEADER_SIZE + size)
+    out = memoryview(scratch)[:HEADER_SIZE + size]
     with pa.FixedSizeBufferWriter(pa.py_buffer(out[HEADER_SIZE:])) as sink, \
             pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
