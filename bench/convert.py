@@ -77,13 +77,14 @@ def lamina_run(spark: Any, inp: Input, spans: list[SegmentSpan], work: Path,
     trace = Trace.open(trace_dir, inp.meta)
     plan = plan_conversion(trace.state, spans)
     started = time.monotonic()
-    parts, pending = spark_convert(spark, trace, plan)
+    result = spark_convert(spark, trace, plan)
+    parts, pending = result.parts, result.pending
     state = trace.commit_conversion(plan, parts, pending)
     seconds = time.monotonic() - started
     out: dict[str, Any] = {"seconds": seconds, "rows_out": sum(p.rows for p in parts),
            "bytes_out": sum(p.bytes for p in parts), "parts": len(parts),
            "pending_rows": sum(p.part.rows for p in pending), "pending_parts": len(pending),
-           "state_version": state.version}
+           "state_version": state.version, "input_rows": result.input_rows}
     if keep:
         out["trace_dir"] = str(trace_dir)
     else:

@@ -83,7 +83,7 @@ def main() -> None:
         t0 = time.monotonic()
         got = spark_convert(spark, trace, plan)
         times.append(time.monotonic() - t0)
-    assert_same_conversion(trace, got, ref, want)
+    assert_same_conversion(trace, got, ref, want, plan=plan)
     print(f"small conversion: {sum(s.bytes for s in plan.segments) / 1e3:.0f} kB in "
           f"{len(plan.segments)} segments, {args.small} updates: spark first "
           f"{times[0]:.2f} s, median {statistics.median(times):.2f} s "
@@ -100,10 +100,10 @@ def main() -> None:
         t0 = time.monotonic()
         got = spark_convert(spark, btrace, plan)
         runs.append(time.monotonic() - t0)
-    assert_same_conversion(btrace, got, bref, want)
+    assert_same_conversion(btrace, got, bref, want, plan=plan)
     print(f"big conversion: {args.updates} updates, "
           f"{sum(s.bytes for s in plan.segments) / 1e6:.1f} MB in {len(plan.segments)} "
-          f"segments -> {sum(p.rows for p in got[0])} rows in {len(got[0])} parts: "
+          f"segments -> {sum(p.rows for p in got.parts)} rows in {len(got.parts)} parts: "
           f"reference {ref_s:.2f} s; spark {runs[0]:.2f} s, then {runs[1]:.2f} s", flush=True)
     spark.stop()
 

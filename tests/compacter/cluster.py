@@ -14,7 +14,8 @@ local one, so the conversion against the cluster runs in a child process::
         --data-dir DIR --relation NAME --plan PLAN.json
 
 which builds its own session against the cluster, runs ``spark_convert`` on the plan and
-prints one line ``RESULT {json}`` with the parts and pending parts it wrote.
+prints one line ``RESULT {json}`` with the parts and pending parts it wrote and the number
+of updates it read.
 
 This module must not import pytest (the child imports it).
 """
@@ -117,7 +118,7 @@ def _wait(cluster: StandaloneCluster, ready: Any, what: str, timeout: float) -> 
             if ready(doc):
                 return
             last = doc
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # not up yet, or the UI's HTML before /json
             last = exc
         time.sleep(0.5)
     raise TimeoutError(f"{what} not ready after {timeout}s (last: {last})\n{cluster.logs()}")
@@ -216,13 +217,14 @@ def _main() -> int:
         # small shares: several decode and write tasks run on the cluster's executor
         tuning = JobTuning(single_task_bytes=4096, split_bytes=16 << 10,
                            min_split_bytes=4 << 10, part_bytes=24 << 10)
-        parts, pending = spark_convert(spark, trace, plan, tuning=tuning)
+        result = spark_convert(spark, trace, plan, tuning=tuning)
         seconds = time.monotonic() - started
         executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
     finally:
         spark.stop()
     print(RESULT_PREFIX + json.dumps({
-        "parts": [p.to_dict() for p in parts], "pending": [p.to_dict() for p in pending],
+        "parts": [p.to_dict() for p in result.parts],
+        "pending": [p.to_dict() for p in result.pending], "input_rows": result.input_rows,
         "seconds": seconds, "block_managers": executors}), flush=True)
     return 0
 

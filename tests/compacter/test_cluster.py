@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from lamina.compacter.jobs import ConversionResult
 from lamina.trace import reference
 from lamina.trace.batch import PartFile
 from lamina.trace.plan import plan_conversion
@@ -57,9 +58,10 @@ def test_conversion_on_a_standalone_cluster(cluster: StandaloneCluster, tmp_path
 
     doc = run_child(cluster.master_url, w.root, w.rel.name, plan_file)
 
-    got = ([PartFile.from_dict(p) for p in doc["parts"]],
-           [PendingPart.from_dict(p) for p in doc["pending"]])
-    assert len(got[0]) > 1, "expected parts from several executor tasks"
+    got = ConversionResult(parts=[PartFile.from_dict(p) for p in doc["parts"]],
+                           pending=[PendingPart.from_dict(p) for p in doc["pending"]],
+                           input_rows=doc["input_rows"])
+    assert len(got.parts) > 1, "expected parts from several executor tasks"
     assert doc["block_managers"] >= 2, "no executor joined the application"
-    assert_same_conversion(trace, got, ref, want)
-    trace.commit_conversion(plan, *got)
+    assert_same_conversion(trace, got, ref, want, plan=plan)
+    trace.commit_conversion(plan, got.parts, got.pending)

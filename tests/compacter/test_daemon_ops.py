@@ -1,5 +1,6 @@
 """The running daemon as an operator's tools see it: systemd notifications over a real
-unix datagram socket, and a /metrics scrape that parses and passes promtool."""
+unix datagram socket, a /metrics scrape that parses and passes promtool, and the job
+counters after real conversions."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lamina.drill.procs import DaemonProcess
+from lamina.store import Store
+from lamina.wal.segment import list_segments
+from tests.compacter.scrape import metric, scrape_after_conversions, wait_trace_upper
+from tests.conftest import ORDERS, updates
 from tests.deploy.tools import promtool_check_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -70,3 +75,51 @@ def _scrape_and_stop(daemon: DaemonProcess) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     daemon.signal(signal.SIGTERM)
     assert daemon.wait() == 0
+
+
+def test_conversions_count_the_updates_they_read(tmp_path: Path) -> None:
+    """``lamina_job_input_rows_total{kind="conversion"}`` counts every update a conversion
+    decodes: the WAL's updates, and future updates once more when the conversion that
+    reaches their time brings them in from the pending area. All rows are distinct, so
+    nothing consolidates away between the two reads."""
+    data = tmp_path / "data"
+    future_time, n_past, n_future, n_late = 1_000, 0, 40, 25
+    with Store.open(data, segment_bytes=4096, fsync="never") as store:
+        rel = store.create_relation("orders", ORDERS, key=["id"])
+        next_id = 0
+        for t in range(12):  # every append passes the segment target: one segment each
+            rows = [(next_id + i, "x" * 40, t, 1) for i in range(60)]
+            if t == 5:  # future updates, far beyond every seal of this phase
+                rows += [(10_000 + i, "future", future_time, 1) for i in range(n_future)]
+            next_id += 60
+            n_past += 60
+            rel.append(updates(rows))
+            rel.seal(t + 1)
+        first_upper = rel.upper
+        assert all(s.finished for s in list_segments(store.layout.wal_dir("orders"))[:-1])
+    with DaemonProcess(data, tmp_path / "daemon.log") as daemon:
+        daemon.wait_ready()
+        wait_trace_upper(daemon, "orders", first_upper)
+        text = scrape_after_conversions(daemon, 1)
+        converted = metric(text, "lamina_jobs_total", kind="conversion", outcome="success")
+        assert converted == 1, "the backlog present at start-up is one conversion"
+        assert metric(text, "lamina_job_input_rows_total",
+                      kind="conversion") == n_past + n_future
+        assert metric(text, "lamina_job_output_rows_total",
+                      kind="conversion") == n_past + n_future
+        with Store.open(data, segment_bytes=4096, fsync="never") as store:
+            rel = store.relation("orders")  # one more segment, sealed past the future time
+            rel.append(updates([(20_000 + i, "late" * 50, future_time + 1, 1)
+                                for i in range(n_late)]))
+            rel.seal(future_time + 2)
+            assert list_segments(store.layout.wal_dir("orders"))[-2].finished
+        wait_trace_upper(daemon, "orders", future_time + 2)
+        text = scrape_after_conversions(daemon, 2)
+        assert metric(text, "lamina_jobs_total", kind="conversion", outcome="success") == 2
+        assert metric(text, "lamina_job_input_rows_total",
+                      kind="conversion") == n_past + n_future + n_late + n_future
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    with Store.open(data) as store:  # and the data is all there, once
+        assert store.relation("orders").snapshot(future_time + 1).num_rows == (
+            n_past + n_future + n_late)

@@ -48,6 +48,7 @@ from tests.compacter.workload import (
     assert_same_tables,
     batch_table,
     drive,
+    input_updates,
     merge_plan_ok,
     open_workload,
     spans,
@@ -163,7 +164,7 @@ def _convert_both(spark: Any, w: Workload, trace: Any, chunk: Any, *, name: str,
     ref = w.fork(trace, name)
     want = reference.run_conversion(ref, plan)
     got = spark_convert(spark, trace, plan, tuning=tuning)
-    assert_same_conversion(trace, got, ref, want)
+    assert_same_conversion(trace, got, ref, want, plan=plan)
     return plan, got
 
 
@@ -194,15 +195,15 @@ def test_conversions_and_merge_match_reference(
     assert len(segs) >= 6
     half = len(segs) // 2
     plan1, got1 = _convert_both(sp, w, trace, segs[:half], name="ref1", tuning=tuning)
-    assert got1[1], "the workload should leave future updates pending"
-    trace.commit_conversion(plan1, *got1)
+    assert got1.pending, "the workload should leave future updates pending"
+    trace.commit_conversion(plan1, got1.parts, got1.pending)
     plan2, got2 = _convert_both(sp, w, trace, segs[half:], name="ref2", tuning=tuning)
     assert plan2.consume, "the second conversion should consume pending parts"
     assert plan2.since > 0, "since should have advanced (forwarding)"
-    trace.commit_conversion(plan2, *got2)
+    trace.commit_conversion(plan2, got2.parts, got2.pending)
     if tuning is SPLIT:
-        assert len(got1[0]) > 1
-        assert len(got2[0]) > 1
+        assert len(got1.parts) > 1
+        assert len(got2.parts) > 1
 
     mplan = merge_plan_ok(plan_merge(trace.state))
     ref = w.fork(trace, "refm")
@@ -236,9 +237,9 @@ def test_several_tasks_write_parts_of_a_big_input(sp: Any, tmp_path: Path) -> No
     ref = w.fork(trace, "ref")
     want = reference.run_conversion(ref, plan)
     got = spark_convert(sp, trace, plan, tuning=tuning)
-    assert len(got[0]) > 1, "expected parts from more than one task"
-    assert len({p.path for p in got[0]}) == len(got[0])
-    assert_same_conversion(trace, got, ref, want)
+    assert len(got.parts) > 1, "expected parts from more than one task"
+    assert len({p.path for p in got.parts}) == len(got.parts)
+    assert_same_conversion(trace, got, ref, want, plan=plan)
 
 
 @pytest.mark.spark
@@ -253,7 +254,9 @@ def test_all_cancelled_writes_nothing(sp: Any, tmp_path: Path) -> None:
     trace = w.trace()
     plan = plan_conversion(trace.state, segs)
     got = spark_convert(sp, trace, plan)
-    assert got == ([], []) == reference.run_conversion(w.fork(trace, "ref"), plan)
+    assert (got.parts, got.pending) == ([], []) == reference.run_conversion(
+        w.fork(trace, "ref"), plan)
+    assert got.input_rows == input_updates(trace, plan) > 3, "every update read is counted"
     assert not (trace.dir / "batches").exists() or not any((trace.dir / "batches").rglob("*"))
 
 
@@ -449,5 +452,5 @@ def test_every_supported_column_type(sp: Any, tmp_path: Path) -> None:
     ref = w.fork(trace, "ref")
     want = reference.run_conversion(ref, plan)
     got = spark_convert(sp, trace, plan, tuning=SPLIT)
-    assert_same_conversion(trace, got, ref, want)
-    assert len(got[0]) > 1
+    assert_same_conversion(trace, got, ref, want, plan=plan)
+    assert len(got.parts) > 1

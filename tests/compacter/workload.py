@@ -11,7 +11,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -21,8 +21,11 @@ from lamina.trace.batch import PartFile, read_part
 from lamina.trace.plan import ConversionPlan, MergePlan, SegmentSpan
 from lamina.trace.state import PendingPart
 from lamina.trace.trace import Trace
-from lamina.wal.reader import finished_segments
-from lamina.wal.segment import scan_file
+from lamina.wal.reader import finished_segments, segment_updates
+from lamina.wal.segment import SegmentFile, scan_file
+
+if TYPE_CHECKING:
+    from lamina.compacter.jobs import ConversionResult
 
 INT_KEY = pa.schema([("id", pa.int64()), ("item", pa.string()), ("note", pa.string()),
                      ("score", pa.float64())])
@@ -186,18 +189,34 @@ def _same_row(a: dict[str, Any], b: dict[str, Any]) -> bool:
                for x, y in zip(a.values(), b.values(), strict=True))
 
 
-def assert_same_conversion(spark_trace: Trace, got: tuple[list[PartFile], list[PendingPart]],
-                           ref_trace: Trace, want: tuple[list[PartFile], list[PendingPart]]
-                           ) -> None:
-    assert_same_tables(batch_table(spark_trace, got[0]), batch_table(ref_trace, want[0]),
+def input_updates(trace: Trace, plan: ConversionPlan) -> int:
+    """The updates a conversion reads, counted without the Spark jobs' code: every update
+    of the plan's segments (the WAL reader's decoding) plus the rows of the pending parts
+    it consumes (their descriptions). Call it before the segments are deleted."""
+    n = sum(p.part.rows for p in plan.consume)
+    for s in plan.segments:
+        seg = SegmentFile(Path(s.path), s.seq, finished=True)
+        n += sum(t.num_rows for t in segment_updates(seg, trace.meta.name,
+                                                     trace.meta.update_schema))
+    return n
+
+
+def assert_same_conversion(spark_trace: Trace, got: ConversionResult, ref_trace: Trace,
+                           want: tuple[list[PartFile], list[PendingPart]], *,
+                           plan: ConversionPlan) -> None:
+    """The Spark conversion wrote what the reference wrote, and counted every update it
+    read (``plan``'s segments must still exist)."""
+    assert_same_tables(batch_table(spark_trace, got.parts), batch_table(ref_trace, want[0]),
                        "batch")
-    gp, wp = pending_tables(spark_trace, got[1]), pending_tables(ref_trace, want[1])
+    gp, wp = pending_tables(spark_trace, got.pending), pending_tables(ref_trace, want[1])
     assert list(gp) == list(wp), f"pending buckets {list(gp)} != reference {list(wp)}"
-    assert len(got[1]) == len(gp), "more than one pending part for a bucket"
+    assert len(got.pending) == len(gp), "more than one pending part for a bucket"
     for rng_, table in gp.items():
         assert_same_tables(table, wp[rng_], f"pending bucket {rng_}")
-    for p in got[0]:
+    for p in got.parts:
         assert p.rows > 0, f"empty part {p.path} written"
+    expected = input_updates(spark_trace, plan)
+    assert got.input_rows == expected, f"input rows {got.input_rows} != {expected} read"
 
 
 # --- plans as JSON (for the cluster child process) ----------------------------------------------

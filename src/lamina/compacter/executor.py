@@ -12,19 +12,21 @@ import asyncio
 import itertools
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lamina.trace.batch import PartFile
 from lamina.trace.plan import ConversionPlan, MergePlan
-from lamina.trace.state import PendingPart
 from lamina.trace.trace import Trace
+
+if TYPE_CHECKING:
+    from lamina.compacter.jobs import ConversionResult
 
 T = TypeVar("T")
 
 
 class Executor(Protocol):
     async def convert(self, relation: str, trace: Trace,
-                      plan: ConversionPlan) -> tuple[list[PartFile], list[PendingPart]]: ...
+                      plan: ConversionPlan) -> ConversionResult: ...
 
     async def merge(self, relation: str, trace: Trace, plan: MergePlan) -> list[PartFile]: ...
 
@@ -56,7 +58,7 @@ class SparkExecutor:
                     self._groups.discard(group)
 
     async def convert(self, relation: str, trace: Trace,
-                      plan: ConversionPlan) -> tuple[list[PartFile], list[PendingPart]]:
+                      plan: ConversionPlan) -> ConversionResult:
         from lamina.compacter.jobs import spark_convert
 
         return await self._run(relation, "conversion",

@@ -7,16 +7,33 @@ return the written files; the caller commits them (``Trace.commit_conversion`` /
 and in order, to the in-process reference executor :mod:`lamina.trace.reference`; the
 tests compare the two.
 
-Stages of one step (a single Spark action, plus the range partitioner's sampling job when
-the output has several parts)::
+Spark schedules the tasks, retries them, places them on executors and cancels them; the
+rows never enter the JVM. A step is two Spark jobs of Python tasks (``mapInArrow`` over
+``spark.range(n, numPartitions=n)``, one task per id, only metadata collected), and the
+decode tasks hand the write tasks their rows as Arrow files in the trace directory, which
+every executor sees already (tasks read WAL segments and write parts there)::
 
-    spark.range(G, numPartitions=G)          one row per decode task, no data
-      -> mapInArrow(decode)                  tasks read inputs, yield Arrow batches
-      -> repartitionByRange(P, order)        P > 1 (repartition(1) when G > 1, P == 1;
-                                             nothing when G == P == 1)
-      -> sortWithinPartitions(order)
-      -> mapInArrow(write)                   tasks consolidate and write Parquet parts
-      -> collect()                           part metadata only: (path, rows, bytes, crc)
+    job 1: G decode tasks     read and verify inputs, forward, split off future rows,
+                              order by prefix, write runs, return metadata (with the
+                              number of updates decoded) and a sample
+    driver                    cut the sampled keys into chunks, chunks into P parts
+    job 2: P + B write tasks  per part: every run's rows of each chunk, sorted,
+                              consolidated, written; per bucket group: pending files
+
+A step whose input is at most ``JobTuning.single_task_bytes`` runs as one task that does
+all of it in memory (job 1 only, no runs), which is what keeps the common small
+conversion cheap. Either way the tasks report how many updates they decoded
+(:attr:`StepOutput.input_rows`, the conversions' ``lamina_job_input_rows_total``): decode
+tasks in their metadata, a single task in a tally row next to its parts' rows. Only the
+attempts whose output the driver collects are counted, so a retried task counts once.
+
+Why not Spark's shuffle and sort: measured on 10M updates (docs/performance.md), the
+JVM's share of the former design (``repartitionByRange`` + ``sortWithinPartitions`` between
+two ``mapInArrow`` stages) was most of the step: Arrow-to-UnsafeRow conversion, a sampling
+pass that decoded the input twice, TimSort with full-row comparisons on prefix ties, and
+UnsafeRow-to-Arrow conversion back; the step ran at 0.30 of DuckDB's throughput. Arrow's
+own sort, adaptive to presorted runs, and neighbour-comparison consolidation on sorted
+rows do the same work in a fraction of the CPU time.
 
 *Decode.* The driver never reads data. It cuts the inputs into work items: WAL segments
 into byte ranges of whole records (it walks the 9-byte frame headers through a read-only
@@ -26,45 +43,55 @@ task verifies what it reads the way the readers do: every frame's CRC32C, the se
 header (which must be exactly the one the relation and sequence number produce), the first
 record being PROGRESS(lower) and the last PROGRESS(upper) of the planned span, each update
 record's schema; Parquet parts through :func:`lamina.trace.batch.read_part` (size, CRC32C,
-row count). It then maps rows to Spark: ``_time`` (uint64, which Spark lacks) becomes the
-signed long ``t XOR 2**63``, which orders the same; times of rows below the plan's upper
-that are below ``since`` are forwarded to ``since``; and a future row (time at or past
-the upper) gets the column ``_bucket``, the lower end of its pending bucket
-(:func:`lamina.trace.pending.bucket_of`, vectorized), also shifted; batch rows have a null
-``_bucket``. Finally a column ``_prefix``: a long non-decreasing in the first sort column
-(:func:`order_prefix`; ``INT64_MAX`` for future rows). Spark's sort compares rows by a
-prefix of the first sort key only; with ``_prefix`` leading every ordering most
-comparisons are one long comparison (without it, a sort led by the mostly-null
-``_bucket`` fell back to full row comparisons and cost a third of a conversion).
+row count). Then (:func:`prepare`) rows at or past the plan's upper become future rows,
+with the column ``_bucket``, the lower end of their pending bucket
+(:func:`lamina.trace.pending.bucket_of`, vectorized); the other rows' times below
+``since`` are forwarded to it; both get the column ``_prefix``, an int64 non-decreasing in
+the first sort column (:func:`order_prefix`). The task orders its batch rows by prefix and
+its future rows by bucket (stable numpy sorts), writes each as one record batch of an Arrow
+IPC file (a *run*) under ``batches/<batch id>.scratch/``, and returns where they are, the
+future rows' bucket ranges, how many updates it decoded, and every ``chunk_rows / 32``-th
+batch row's key (the sample; more often in a small step, so that every part it will write
+has 32 sampled keys).
 
-*Partition and sort.* The order of a batch is (key columns, other columns, time) ascending
-with nulls first, as :func:`lamina.consolidate.sort`. Spark sorts NaN above every number
-while Arrow puts it right after the nulls, so a float column is preceded by a rank
-(null, NaN, number) in every Spark ordering. The step's rows are range-partitioned by
-``(_prefix, _bucket, order if _bucket is null)`` and sorted within partitions by
-``(_prefix, _bucket, order)``: batch rows (null bucket) are spread over partitions by their
-order, so concatenating the partitions' parts in partition order gives the globally sorted
-batch; all rows of one future bucket share one partition key ``(INT64_MAX, bucket, nulls)``,
-so a bucket never straddles partitions and becomes one pending file, and the future rows
-of a partition come after its batch rows, bucket by bucket. P is sized from the input
-bytes (``JobTuning.part_bytes``); a small step (``JobTuning.single_task_bytes``) runs as a
-single task with no shuffle at all, which is what makes the common small conversion cheap.
+*Cuts.* The order of a batch is (key columns, other columns, time) ascending with nulls
+first (NaN right after the nulls), as :func:`lamina.consolidate.sort`. The driver sorts the
+sampled keys and cuts them into C chunks of about ``chunk_rows`` rows (at least P), and
+the chunks into P consecutive groups, the parts; P is sized from the input bytes
+(``JobTuning.part_bytes``). A cut is a full key: chunk ``j`` holds the rows above cut
+``j - 1`` and at or below cut ``j``, so rows equal in (row, time) always share a chunk and
+concatenating the parts in order gives the globally sorted batch.
 
-*Write.* A writer task streams its sorted partition: rows equal in (row, time) are
-adjacent, so it consolidates a chunk at a time with the reference's own
-:func:`lamina.consolidate.consolidate_updates` (exact decimal sums, DiffOverflowError
-instead of a wrap, zero sums dropped), holding back the rows tied with a chunk's last row
-for the next chunk. Batch rows go to ``batch_part_path(batch_id, partition index)``, each
-bucket to a fresh pending file, through :func:`lamina.trace.batch.write_part` (temp file,
-fsync, rename, directory fsync). Empty parts are not written. A retried task rewrites the
-same batch part path (same content) and new pending files (the lost attempt's are
-unnamed garbage, collected later). Memory per task is bounded by a chunk
-(``JobTuning.chunk_rows``) plus one Arrow batch; only part metadata reaches the driver.
+*Write.* A part's task memory-maps every run and, for each cut, finds the run's rows on
+either side: a numpy binary search on the prefix, then a vectorized comparison of the full
+key for the rows sharing the cut's prefix (:func:`at_or_below`). Chunk by chunk it
+concatenates the runs' slices, sorts them (numpy on the prefix, which merges the presorted
+slices, then Arrow's multi-key sort, which is nearly linear on such input), consolidates
+them (:func:`consolidate_sorted`: runs of equal neighbours summed, exact int64 sums, the
+reference's own :func:`lamina.consolidate.consolidate_updates` where that cannot be
+proven) and appends them to ``batch_part_path(batch_id, part index)`` through
+:func:`lamina.trace.batch.write_part` (temp file, fsync, rename, directory fsync). Bucket
+tasks do the same for groups of pending buckets, one fresh pending file per bucket (a
+bucket never straddles tasks). Empty parts are not written. A part's task decompresses
+every run's record batches that overlap the part's key range, so its memory is about its
+part's rows: the decode tasks cut their runs into batches of about a quarter of what a run
+holds for one part (:func:`run_batch_rows`), which bounds the excess to about half the
+part however many runs the step has (batches keep at least ``MIN_RUN_BATCH_ROWS`` rows, so
+for runs too short for that the excess is at most two such batches per run). Per decode
+task, memory is its input share.
+
+*Retries and cleanup.* Run files are written to a temp name and renamed, and named by
+group, so a retried or speculative decode task rewrites the same run with the same rows. A
+retried write task rewrites the same batch part path (same content) and new pending files
+(the lost attempt's are unnamed garbage). The driver deletes the scratch directory when
+the step ends, whether it succeeded or not; one left by a crashed driver holds no file a
+state names and is collected like any garbage.
 
 *Errors.* Lamina errors raised in a task travel to the driver as a marker with their
 type, message, path and offset; the driver raises CorruptionError or DiffOverflowError
 again, and JobError (naming relation, step and root cause) for everything else Spark or
-Py4J reports. A cancelled job raises :class:`lamina.compacter.spark.JobCancelledError`.
+Py4J reports. A cancelled job raises :class:`lamina.compacter.spark.JobCancelledError`;
+each of a step's jobs checks for a cancel first.
 """
 
 from __future__ import annotations
@@ -77,19 +104,21 @@ import math
 import mmap
 import os
 import re
+import shutil
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lamina.consolidate import consolidate_updates
+from lamina.consolidate import consolidate_updates, forward, sum_adjacent
 from lamina.errors import CorruptionError, DiffOverflowError, JobError, LaminaError
 from lamina.fs import FileSystem
-from lamina.schema import DIFF, TIME, RelationMeta
+from lamina.schema import TIME, RelationMeta
 from lamina.trace.batch import PartFile, batch_part_path, read_part, write_part
 from lamina.trace.pending import bucket_of
 from lamina.trace.plan import ConversionPlan, MergePlan, SegmentSpan
@@ -105,17 +134,17 @@ from lamina.wal.record import (
     corrupt,
     decode_frontier,
     decode_updates,
+    encode_updates,
     read_frame,
 )
 from lamina.wal.segment import encode_header
 
 BUCKET = "__lamina_bucket"
-"""Spark column: the shifted lower end of a future row's pending bucket; null for batch rows.
-(Named ``_bucket`` in the docs; :func:`aux_columns` renames it away from any row column.)"""
+"""Run column of future rows: the lower end of the row's pending bucket (uint64).
+(:func:`aux_columns` renames it away from any row column.)"""
 PREFIX = "__lamina_prefix"
-"""Spark column: a long that orders like the first sort column (see :func:`order_prefix`),
-``INT64_MAX`` for future rows. It leads every Spark ordering so that Spark's sort compares
-most rows by its cheap prefix, which it takes from the first sort key only."""
+"""Run column: an int64 that orders like the first sort column (see :func:`order_prefix`).
+It leads every ordering, so sorting and searching runs is mostly integer work."""
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
@@ -126,6 +155,9 @@ _TASK_MARK = "LAMINA-TASK-ERROR<"
 _TASK_MARK_RE = re.compile(r"LAMINA-TASK-ERROR<([A-Za-z0-9+/=]+)>")
 PARQUET_EXPANSION = 4
 """Parquet parts are compressed; their bytes count this many times when sizing tasks."""
+SAMPLES_PER_CHUNK = 32
+"""Decode tasks sample every ``chunk_rows / SAMPLES_PER_CHUNK``-th row for the cuts, and
+at least this many rows per part the step will write."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +175,7 @@ class JobTuning:
     max_parts: int = 256
     """At most this many write partitions (parts of one batch)."""
     chunk_rows: int = 1 << 18
-    """Rows a writer task consolidates at a time."""
+    """Rows a write task sorts and consolidates at a time (also its Parquet row groups)."""
 
 
 DEFAULT_TUNING = JobTuning()
@@ -296,36 +328,60 @@ def order_prefix(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.if_else(nulls, pa.scalar(INT64_MIN, pa.int64()), values)
 
 
-# --- task contexts (pickled into the tasks) ---------------------------------------------------
+# --- task context (pickled into the tasks) ------------------------------------------------------
 
 @dataclass(frozen=True)
-class DecodeContext:
+class StepContext:
+    """Everything a task of one step needs besides its own work item."""
+
     trace_dir: str
     relation: str
     update_schema: pa.Schema
-    out_schema: pa.Schema
+    row_columns: tuple[str, ...]
+    sort_columns: tuple[str, ...]
+    prefix: str
+    """Name of the prefix column of run tables (distinct from every row column)."""
+    bucket: str
+    """Name of the bucket column of future run tables (likewise)."""
     since: int
     upper: int | None
     """Split point of a conversion; None for a merge (every row belongs to the batch)."""
-    prefix_column: str
-    groups: tuple[tuple[WorkItem, ...], ...]
-    batch_rows: int
-
-
-@dataclass(frozen=True)
-class WriteContext:
-    trace_dir: str
-    update_schema: pa.Schema
-    row_columns: tuple[str, ...]
-    sort_columns: tuple[str, ...]
     batch_id: str
     context: str
-    chunk_rows: int
+    scratch: str
+    """Directory of the step's runs, relative to the trace directory."""
+    sample_every: int
+    """A decode task samples every ``sample_every``-th batch row for the cuts..."""
+    min_samples: int
+    """...but at least this many rows (when it has them), so that a small step still has
+    enough sampled keys for its parts."""
+    parts: int
+    """The most batch parts the step writes (sizes the record batches of runs)."""
+    groups: tuple[tuple[WorkItem, ...], ...]
+
+    @property
+    def sort_keys(self) -> list[tuple[str, str] | tuple[str, str, str]]:
+        """The batch order with the prefix in front (Arrow sort keys)."""
+        return [(self.prefix, "ascending"),
+                *((c, "ascending", "at_start") for c in self.sort_columns),
+                (TIME, "ascending")]
+
+    @property
+    def key_columns(self) -> list[str]:
+        """The columns of a row's full sort key: prefix, sort columns, time."""
+        return [self.prefix, *self.sort_columns, TIME]
 
 
 META_FIELDS = [("bucket", pa.int64()), ("part_index", pa.int32()), ("path", pa.string()),
-               ("rows", pa.int64()), ("bytes", pa.int64()), ("crc32c", pa.int64())]
-META_DDL = "bucket bigint, part_index int, path string, rows bigint, bytes bigint, crc32c bigint"
+               ("rows", pa.int64()), ("bytes", pa.int64()), ("crc32c", pa.int64()),
+               ("input_rows", pa.int64())]
+META_DDL = ("bucket bigint, part_index int, path string, rows bigint, bytes bigint, "
+            "crc32c bigint, input_rows bigint")
+"""What write tasks and single tasks return: one row per written part (``input_rows``
+0), and from a single task also one *tally* row (``path`` null) whose ``input_rows`` is the
+number of updates the task decoded."""
+RUN_FIELDS = [("group", pa.int64()), ("info", pa.string()), ("sample", pa.binary())]
+RUN_DDL = "group bigint, info string, sample binary"
 
 
 class TaskFailure(RuntimeError):
@@ -352,6 +408,12 @@ def _guarded(fn: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
         except LaminaError as exc:
             raise _encode_failure(exc) from exc
     return run
+
+
+def _task_ids(batches: Iterator[pa.RecordBatch]) -> Iterator[int]:
+    """The ids of ``spark.range`` rows a task received (one per task here)."""
+    for rb in batches:
+        yield from rb.column(0).to_pylist()
 
 
 # --- decode tasks ----------------------------------------------------------------------------
@@ -422,160 +484,426 @@ def wal_tables(item: WalRange, relation: str, schema: pa.Schema) -> Iterator[pa.
                           "planned")
 
 
-def shape_for_spark(table: pa.Table, ctx: DecodeContext) -> pa.Table:
-    """Updates (update schema) to the Spark-side schema: signed time, forwarding of batch
-    rows below ``since``, and the bucket of future rows."""
-    times = table.column(TIME)
-    future = None
+def read_group(group: Sequence[WorkItem], ctx: StepContext) -> pa.Table:
+    """Every update of one task group, verified (update schema)."""
+    trace_dir = Path(ctx.trace_dir)
+    tables: list[pa.Table] = []
+    for item in group:
+        if isinstance(item, WalRange):
+            tables.extend(wal_tables(item, ctx.relation, ctx.update_schema))
+        else:
+            tables.append(read_part(trace_dir, item.part))
+    if not tables:
+        return ctx.update_schema.empty_table()
+    return pa.concat_tables(tables)
+
+
+def prepare(table: pa.Table, ctx: StepContext) -> tuple[pa.Table, pa.Table]:
+    """Split updates into batch rows (times below ``since`` forwarded) and future rows (at
+    or past the upper), and add the prefix column to both and the bucket column (the lower
+    end of the pending bucket, uint64) to the future rows."""
+    future = ctx.update_schema.empty_table()
+    past = table
     if ctx.upper is not None and table.num_rows:
-        future = pc.greater_equal(times, pa.scalar(ctx.upper, pa.uint64()))
-        if not pc.any(future).as_py():
-            future = None
-    if ctx.since > 0 and table.num_rows:
-        since = pa.scalar(min(ctx.since, MAX_TIME), pa.uint64())
-        below = pc.less(times, since)
-        if future is not None:
-            below = pc.and_(below, pc.invert(future))
-        times = pc.if_else(below, since, times)
-    prefix = order_prefix(table.column(ctx.prefix_column))
-    if future is None:
-        bucket: Any = pa.nulls(table.num_rows, pa.int64())
-    else:
+        mask = pc.greater_equal(table.column(TIME), pa.scalar(ctx.upper, pa.uint64()))
+        if pc.any(mask).as_py():
+            future = table.filter(mask)
+            past = table.filter(pc.invert(mask))
+    past = forward(past, ctx.since)
+    first = ctx.sort_columns[0]
+    past = past.append_column(ctx.prefix, order_prefix(past.column(first)))
+    lows: Any = pa.array([], pa.uint64())
+    if future.num_rows:
         assert ctx.upper is not None
-        lows = to_signed(bucket_lows(table.column(TIME), ctx.upper))
-        bucket = pc.if_else(future, lows, pa.scalar(None, pa.int64()))
-        prefix = pc.if_else(future, pa.scalar(INT64_MAX, pa.int64()), prefix)
-    columns = [table.column(f.name) for f in ctx.update_schema if f.name not in (TIME, DIFF)]
-    out = pa.Table.from_arrays([*columns, to_signed(times), table.column(DIFF), bucket, prefix],
-                               names=ctx.out_schema.names)
-    return out.cast(ctx.out_schema)
+        lows = bucket_lows(future.column(TIME), ctx.upper)
+    future = future.append_column(ctx.prefix, order_prefix(future.column(first)))
+    future = future.append_column(ctx.bucket, lows)
+    return past, future
 
 
-def _decoder(ctx: DecodeContext) -> Callable[[Iterator[pa.RecordBatch]],
-                                              Iterator[pa.RecordBatch]]:
+def by_lead(table: pa.Table, lead: str) -> pa.Table:
+    """``table`` in the order of its integer column ``lead`` (stable; no copy when it is in
+    order already)."""
+    if table.num_rows <= 1:
+        return table
+    values = table.column(lead).to_numpy()
+    if bool((values[1:] >= values[:-1]).all()):
+        return table
+    return table.take(np.argsort(values, kind="stable"))
+
+
+def sort_rows(table: pa.Table, keys: Sequence[Any], lead: str) -> pa.Table:
+    """``table`` sorted by ``keys`` (Arrow sort keys) whose first is the integer column
+    ``lead``. Ordering by ``lead`` first (a numpy sort) makes Arrow's multi-key sort, which
+    adapts to presorted runs, several times faster than on rows in random order."""
+    if table.num_rows <= 1:
+        return table
+    table = by_lead(table, lead)
+    return table.take(pc.sort_indices(table, sort_keys=list(keys)))
+
+
+# --- full sort keys (cuts between chunks) -----------------------------------------------------
+
+Key = tuple[Any, ...]
+"""A row's full sort key as Python values: ``(prefix, *sort column values, time)`` where a
+sort column value ``v`` is ``(2, v)``, NaN ``(1,)`` and null ``(0,)``. Python orders these
+tuples exactly like the batch order (nulls first, then NaN, then numbers)."""
+
+
+def _comparable(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column whose Python values (``as_py``) order like Arrow sorts the column: dates and
+    timestamps as their integers; other supported types compare correctly as they are."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    t = column.type
+    if pa.types.is_date32(t):
+        return column.view(pa.int32())
+    if pa.types.is_timestamp(t) or pa.types.is_date64(t):
+        return column.view(pa.int64())
+    return column
+
+
+def row_keys(table: pa.Table, ctx: StepContext) -> list[Key]:
+    """The full sort key of every row of a (small) table."""
+    columns = [_comparable(table.column(c)).to_pylist() for c in ctx.sort_columns]
+    floats = [pa.types.is_floating(table.schema.field(c).type) for c in ctx.sort_columns]
+    out: list[Key] = []
+    prefixes, times = table.column(ctx.prefix).to_pylist(), table.column(TIME).to_pylist()
+    for i, (prefix, t) in enumerate(zip(prefixes, times, strict=True)):
+        values: list[Any] = [prefix]
+        for column, is_float in zip(columns, floats, strict=True):
+            v = column[i]
+            values.append((0,) if v is None else (1,) if is_float and math.isnan(v)
+                          else (2, v))
+        values.append(t)
+        out.append(tuple(values))
+    return out
+
+
+def at_or_below(rows: pa.Table, key: Key, ctx: StepContext) -> np.ndarray:
+    """Which of ``rows`` (any order, all with ``key``'s prefix) are at or below ``key`` in
+    the batch order: a vectorized lexicographic comparison of the sort columns and time."""
+    n = rows.num_rows
+    below = np.zeros(n, dtype=bool)
+    equal = np.ones(n, dtype=bool)
+    names = [*ctx.sort_columns, TIME]
+    for name, want in zip(names, (*key[1:-1], (2, key[-1])), strict=True):
+        column = _comparable(rows.column(name))
+        nulls = (pc.is_null(column).to_numpy(zero_copy_only=False) if column.null_count
+                 else np.zeros(n, dtype=bool))
+        is_float = pa.types.is_floating(column.type)
+        nans = (pc.fill_null(pc.is_nan(column), False).to_numpy(zero_copy_only=False)
+                if is_float else np.zeros(n, dtype=bool))
+        if want[0] == 0:
+            less, same = np.zeros(n, dtype=bool), nulls
+        elif want[0] == 1:
+            less, same = nulls, nans
+        else:
+            value = pa.scalar(want[1], column.type)
+            less = pc.fill_null(pc.less(column, value), False).to_numpy(zero_copy_only=False)
+            less = less | nulls | nans
+            same = pc.fill_null(pc.equal(column, value), False).to_numpy(zero_copy_only=False)
+        below |= equal & less
+        equal &= same
+        if not equal.any():
+            break
+    out: np.ndarray = below | equal
+    return out
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Where a key falls in a run ordered by prefix: rows ``[0, lo)`` have a smaller
+    prefix, rows ``[hi, n)`` a greater one, and of the rows ``[lo, hi)`` (the key's prefix,
+    in any order) ``mask`` marks those at or below the key."""
+
+    lo: int
+    hi: int
+    mask: np.ndarray
+
+
+def _cut(run: pa.Table, prefix: np.ndarray, key: Key, ctx: StepContext) -> _Cut:
+    lo = int(np.searchsorted(prefix, key[0], "left"))
+    hi = int(np.searchsorted(prefix, key[0], "right"))
+    return _Cut(lo, hi, at_or_below(run.slice(lo, hi - lo), key, ctx))
+
+
+def chunk_pieces(run: pa.Table, lower: _Cut | None, upper: _Cut | None) -> list[pa.Table]:
+    """The rows of a run (ordered by prefix) above ``lower`` and at or below ``upper``
+    (None: no bound)."""
+    n = run.num_rows
+    if lower is not None and upper is not None and lower.lo == upper.lo \
+            and lower.hi == upper.hi and lower.hi > lower.lo:  # one prefix for both keys
+        return [run.slice(lower.lo, lower.hi - lower.lo).filter(~lower.mask & upper.mask)]
+    pieces = []
+    if lower is not None and lower.hi > lower.lo:
+        pieces.append(run.slice(lower.lo, lower.hi - lower.lo).filter(~lower.mask))
+    start = 0 if lower is None else lower.hi
+    end = n if upper is None else upper.lo
+    if end > start:
+        pieces.append(run.slice(start, end - start))
+    if upper is not None and upper.hi > upper.lo:
+        pieces.append(run.slice(upper.lo, upper.hi - upper.lo).filter(upper.mask))
+    return [p for p in pieces if p.num_rows]
+
+
+# --- consolidation of sorted rows ------------------------------------------------------------
+
+def consolidate_sorted(table: pa.Table, ctx: StepContext) -> pa.Table:
+    """Consolidate rows sorted by full key (extra columns are dropped): the same rows, in
+    the same order, as :func:`lamina.consolidate.consolidate_updates`. Equal rows are
+    adjacent, so :func:`lamina.consolidate.sum_adjacent` sums runs of neighbours without
+    hashing or sorting again; where it declines (float row columns, sums that might leave
+    int64) the reference function does it."""
+    table = table.select(ctx.update_schema.names)
+    out = sum_adjacent(table, [*ctx.row_columns, TIME])
+    if out is not None:
+        return out
+    return consolidate_updates(table, ctx.row_columns, ctx.sort_columns, context=ctx.context)
+
+
+# --- runs: what decode tasks leave for the write tasks -----------------------------------------
+
+RUN_BATCH_ROWS = 1 << 16
+"""Rows per record batch of a future run, and the most per batch of a batch-row run (a
+write task decompresses only the batches its key range overlaps)."""
+MIN_RUN_BATCH_ROWS = 1 << 10
+"""The fewest rows per record batch of a batch-row run (see :func:`run_batch_rows`)."""
+RUN_BATCHES_PER_PART = 4
+"""A batch-row run is cut into about this many record batches per part of the step."""
+
+
+def run_batch_rows(rows: int, parts: int) -> int:
+    """Rows per record batch of a run of ``rows`` batch rows in a step writing ``parts``
+    parts. A part's key range covers about ``1 / parts`` of every run, and its task
+    decompresses every batch that range overlaps, i.e. its share plus at most one partial
+    batch at either end. With batches of a quarter of that share, a write task holds about
+    1.5 times its part's rows; with batches of a fixed size it would hold a batch of every
+    run, which grows with the step (a step of G runs: G batches per task, so most of the
+    input when runs are not much longer than a batch). Batches keep at least
+    :data:`MIN_RUN_BATCH_ROWS` rows, which bounds the per-batch overhead."""
+    share = math.ceil(rows / (RUN_BATCHES_PER_PART * max(1, parts)))
+    return max(MIN_RUN_BATCH_ROWS, min(RUN_BATCH_ROWS, share))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run file, relative to the trace directory, and for each of its record batches the
+    first and last value of the column it is ordered by."""
+
+    path: str
+    spans: tuple[tuple[int, int], ...]
+
+    def window(self, lower: Key | None, upper: Key | None) -> tuple[int, int] | None:
+        """The batches (first, last) that may hold rows with a prefix from ``lower``'s to
+        ``upper``'s (None: unbounded); None when no batch does."""
+        hits = [i for i, (a, b) in enumerate(self.spans)
+                if (lower is None or b >= lower[0]) and (upper is None or a <= upper[0])]
+        return (hits[0], hits[-1]) if hits else None
+
+
+def _write_run(trace_dir: Path, path: str, table: pa.Table, lead: str,
+               batch_rows: int = RUN_BATCH_ROWS) -> Run:
+    """Write rows ordered by the integer column ``lead`` as an Arrow IPC file of LZ4
+    compressed batches of ``batch_rows`` rows. Not synced: a run only lives for its step,
+    and a lost one fails the step, which is retried from its inputs. LZ4 makes the file a
+    quarter of the size for a fraction of the cost of writing the rest."""
+    final = trace_dir / path
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.tmp")
+    table = table.combine_chunks()
+    values = table.column(lead).to_numpy()
+    spans = []
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with pa.OSFile(str(tmp), "wb") as sink, \
+            pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        for start in range(0, table.num_rows, batch_rows):
+            writer.write_table(table.slice(start, batch_rows), max_chunksize=batch_rows)
+            end = min(start + batch_rows, table.num_rows)
+            spans.append((int(values[start]), int(values[end - 1])))
+    os.replace(tmp, final)
+    return Run(path, tuple(spans))
+
+
+def _read_run(trace_dir: Path, path: str, first: int, last: int) -> pa.Table:
+    """Batches ``first`` to ``last`` (inclusive) of a run file."""
+    reader = pa.ipc.open_file(pa.memory_map(str(trace_dir / path)))
+    return pa.Table.from_batches([reader.get_batch(i) for i in range(first, last + 1)],
+                                 schema=reader.schema)
+
+
+def _bucket_runs(future: pa.Table, bucket: str) -> list[tuple[int, int, int]]:
+    """(bucket lower end, start, length) of the runs of equal buckets of sorted rows."""
+    if not future.num_rows:
+        return []
+    lows = future.column(bucket).to_numpy()
+    starts = np.flatnonzero(np.concatenate([[True], lows[1:] != lows[:-1]]))
+    ends = np.append(starts[1:], len(lows))
+    return [(int(lows[s]), int(s), int(e - s)) for s, e in zip(starts, ends, strict=True)]
+
+
+def _prepared(gid: int, ctx: StepContext) -> tuple[pa.Table, pa.Table, int]:
+    """A group's batch rows and future rows (:func:`prepare`), and how many updates it
+    decoded (the input rows the step reports)."""
+    decoded = read_group(ctx.groups[gid], ctx)
+    past, future = prepare(decoded, ctx)
+    return past, future, decoded.num_rows
+
+
+def _decoded_group(gid: int, ctx: StepContext) -> tuple[pa.Table, pa.Table, int]:
+    """A group's batch rows ordered by prefix, its future rows ordered by bucket (the
+    write tasks sort each chunk and bucket fully), and how many updates it decoded."""
+    past, future, decoded = _prepared(gid, ctx)
+    return by_lead(past, ctx.prefix), by_lead(future, ctx.bucket), decoded
+
+
+def _decoder(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
+                                           Iterator[pa.RecordBatch]]:
+    schema = pa.schema(RUN_FIELDS)
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        trace_dir = Path(ctx.trace_dir)
-        for rb in batches:
-            for gid in rb.column(0).to_pylist():
-                for item in ctx.groups[gid]:
-                    tables: Iterable[pa.Table]
-                    if isinstance(item, WalRange):
-                        tables = wal_tables(item, ctx.relation, ctx.update_schema)
-                    else:
-                        tables = [read_part(trace_dir, item.part)]
-                    for table in tables:
-                        yield from shape_for_spark(table, ctx).to_batches(
-                            max_chunksize=ctx.batch_rows)
+        scratch = Path(ctx.trace_dir) / ctx.scratch
+        scratch.mkdir(parents=True, exist_ok=True)
+        for gid in _task_ids(batches):
+            past, future, decoded = _decoded_group(gid, ctx)
+            info: dict[str, Any] = {"rows": past.num_rows, "input_rows": decoded,
+                                    "past": None, "spans": [],
+                                    "future": None,
+                                    "buckets": _bucket_runs(future, ctx.bucket)}
+            trace_dir = Path(ctx.trace_dir)
+            if past.num_rows:
+                run_ = _write_run(trace_dir, f"{ctx.scratch}/run-{gid:05d}.arrow", past,
+                                  ctx.prefix, run_batch_rows(past.num_rows, ctx.parts))
+                info.update(past=run_.path, spans=run_.spans)
+            if future.num_rows:
+                info["future"] = _write_run(trace_dir, f"{ctx.scratch}/future-{gid:05d}.arrow",
+                                            future, ctx.bucket).path
+            step = max(1, min(ctx.sample_every, past.num_rows // ctx.min_samples))
+            sample = past.select(ctx.key_columns).take(
+                pa.array(np.arange(step // 2, past.num_rows, step)))
+            yield pa.RecordBatch.from_pylist(
+                [{"group": gid, "info": json.dumps(info),
+                  "sample": encode_updates(sample)}],  # the sample as Arrow IPC
+                schema=schema)
     return _guarded(run)
 
 
 # --- write tasks -----------------------------------------------------------------------------
 
-_START = object()
+@dataclass(frozen=True)
+class PartItem:
+    """Write batch part ``index``: the chunks ``bounds`` delimit, from every run."""
+
+    index: int
+    runs: tuple[Run, ...]
+    bounds: tuple[tuple[Any, ...] | None, ...]
+    """Full keys delimiting the part's chunks: chunk ``j`` holds the rows above
+    ``bounds[j]`` and at or below ``bounds[j + 1]``; None is the end of the order."""
 
 
-def _runs(bucket: pa.Array) -> Iterator[tuple[int | None, int, int]]:
-    """(value, start, length) of the runs of equal values (nulls included) of ``bucket``."""
-    if bucket.null_count == len(bucket):
-        yield None, 0, len(bucket)
-        return
-    ree = pc.run_end_encode(bucket)
-    start = 0
-    for end, value in zip(ree.run_ends.to_pylist(), ree.values.to_pylist(), strict=True):
-        yield value, start, end - start
-        start = end
+@dataclass(frozen=True)
+class BucketItem:
+    """Write pending parts: for each bucket, its rows ``(path, start, length)`` of runs."""
+
+    buckets: tuple[tuple[int, tuple[tuple[str, int, int], ...]], ...]
 
 
-def unshape(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
-    """Spark-side rows back to the update schema (drops ``_bucket``, unsigned time)."""
-    columns = [batch.column(f.name) for f in schema if f.name not in (TIME, DIFF)]
-    table = pa.Table.from_arrays(
-        [*columns, to_unsigned(batch.column(TIME)), batch.column(DIFF)], names=schema.names)
-    return table.cast(schema)
+def _meta_row(bucket: int | None, index: int, part: PartFile) -> dict[str, Any]:
+    return {"bucket": None if bucket is None else bucket - TIME_SHIFT, "part_index": index,
+            "path": part.path, "rows": part.rows, "bytes": part.bytes, "crc32c": part.crc32c,
+            "input_rows": 0}
 
 
-def tied_with_last(table: pa.Table, columns: Sequence[str]) -> pa.Array:
-    """Mask of the rows equal to the last row in every column of ``columns`` (nulls equal
-    nulls, NaN equals NaN, -0.0 equals 0.0): rows that may consolidate with it."""
-    mask: Any = None
-    last = table.num_rows - 1
-    for name in columns:
-        col = table.column(name)
-        value = col[last]
-        if not value.is_valid:
-            m = pc.is_null(col)
-        elif pa.types.is_floating(col.type) and math.isnan(value.as_py()):
-            m = pc.fill_null(pc.is_nan(col), False)
-        else:
-            m = pc.fill_null(pc.equal(col, value), False)
-        mask = m if mask is None else pc.and_(mask, m)
-    return mask
+def _tally_row(input_rows: int) -> dict[str, Any]:
+    """The row of a single task that carries how many updates it decoded (no part)."""
+    return {"bucket": None, "part_index": -1, "path": None, "rows": 0, "bytes": 0,
+            "crc32c": 0, "input_rows": input_rows}
 
 
-def consolidated_groups(batches: Iterable[pa.RecordBatch], ctx: WriteContext
-                        ) -> Iterator[tuple[int | None, pa.Table]]:
-    """Consolidate a sorted partition chunk by chunk: ``(bucket, rows)`` in order, where
-    ``bucket`` is None for batch rows and the shifted bucket lower end for future rows."""
-    group: object = _START
-    buffer: list[pa.Table] = []
-    rows = 0
-    limit = ctx.chunk_rows
-    key = [*ctx.row_columns, TIME]
+def _write_nonempty(ctx: StepContext, path: str, tables: Iterable[pa.Table]) -> PartFile | None:
+    """Write the non-empty ``tables`` as one part, or nothing when all are empty."""
+    rest = (t for t in tables if t.num_rows)
+    first = next(rest, None)
+    if first is None:
+        return None
+    return write_part(FileSystem(), Path(ctx.trace_dir), path, ctx.update_schema,
+                      itertools.chain([first], rest))
 
-    def done(tables: list[pa.Table]) -> pa.Table:
-        return consolidate_updates(pa.concat_tables(tables), ctx.row_columns,
-                                   ctx.sort_columns, context=ctx.context)
 
-    for rb in batches:
-        if not rb.num_rows:
+def _part_chunks(item: PartItem, ctx: StepContext) -> Iterator[pa.Table]:
+    trace_dir = Path(ctx.trace_dir)
+    runs = []
+    for r in item.runs:  # only the batches that may hold rows of this part
+        window = r.window(item.bounds[0], item.bounds[-1])
+        if window is not None:
+            runs.append(_read_run(trace_dir, r.path, *window))
+    cuts: list[list[_Cut | None]] = []
+    for run in runs:
+        prefix = run.column(ctx.prefix).to_numpy()
+        cuts.append([None if b is None else _cut(run, prefix, b, ctx) for b in item.bounds])
+    for j in range(len(item.bounds) - 1):
+        pieces = [p for run, c in zip(runs, cuts, strict=True)
+                  for p in chunk_pieces(run, c[j], c[j + 1])]
+        if not pieces:
             continue
-        bucket = rb.column(len(ctx.row_columns) + 2)  # row columns, _time, _diff, bucket
-        for value, start, length in _runs(bucket):
-            piece = unshape(rb.slice(start, length), ctx.update_schema)
-            if value != group:
-                if buffer:
-                    assert group is None or isinstance(group, int)
-                    yield group, done(buffer)
-                buffer, rows, limit, group = [], 0, ctx.chunk_rows, value
-            buffer.append(piece)
-            rows += length
-            if rows >= limit:
-                whole = pa.concat_tables(buffer)
-                held = tied_with_last(whole, key)
-                rest = whole.filter(pc.invert(held))
-                hold = whole.filter(held)
-                if rest.num_rows:
-                    yield value, done([rest])
-                buffer, rows = [hold], hold.num_rows
-                limit = max(ctx.chunk_rows, 2 * rows)
-    if buffer:
-        assert group is None or isinstance(group, int)
-        yield group, done(buffer)
+        yield consolidate_sorted(sort_rows(pa.concat_tables(pieces), ctx.sort_keys,
+                                           ctx.prefix), ctx)
 
 
-def _writer(ctx: WriteContext) -> Callable[[Iterator[pa.RecordBatch]],
-                                           Iterator[pa.RecordBatch]]:
-    meta_schema = pa.schema(META_FIELDS)
+def _bucket_parts(item: BucketItem, ctx: StepContext) -> Iterator[tuple[int, PartFile]]:
+    trace_dir = Path(ctx.trace_dir)
+    for low, pieces in item.buckets:
+        tables = []
+        for path, start, length in pieces:
+            first, last = start // RUN_BATCH_ROWS, (start + length - 1) // RUN_BATCH_ROWS
+            rows = _read_run(trace_dir, path, first, last)
+            tables.append(rows.slice(start - first * RUN_BATCH_ROWS, length))
+        rows = sort_rows(pa.concat_tables(tables), ctx.sort_keys, ctx.prefix)
+        part = _write_nonempty(ctx, pending_path(), [consolidate_sorted(rows, ctx)])
+        if part is not None:
+            yield low, part
+
+
+def _writer(ctx: StepContext, items: Sequence[PartItem | BucketItem]
+            ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    schema = pa.schema(META_FIELDS)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
+        for i in _task_ids(batches):
+            item = items[i]
+            rows = []
+            if isinstance(item, PartItem):
+                part = _write_nonempty(ctx, batch_part_path(ctx.batch_id, item.index),
+                                       _part_chunks(item, ctx))
+                if part is not None:
+                    rows.append(_meta_row(None, item.index, part))
+            else:
+                rows.extend(_meta_row(low, 0, part) for low, part in _bucket_parts(item, ctx))
+            if rows:
+                yield pa.RecordBatch.from_pylist(rows, schema=schema)
+    return _guarded(run)
 
-        task = TaskContext.get()
-        index = task.partitionId() if task is not None else 0
-        fs = FileSystem()
-        trace_dir = Path(ctx.trace_dir)
-        for bucket, items in itertools.groupby(consolidated_groups(batches, ctx),
-                                               key=itemgetter(0)):
-            tables = (t for _, t in items if t.num_rows)
-            first = next(tables, None)
-            if first is None:
-                continue
-            path = batch_part_path(ctx.batch_id, index) if bucket is None else pending_path()
-            part = write_part(fs, trace_dir, path, ctx.update_schema,
-                              itertools.chain([first], tables))
-            yield pa.RecordBatch.from_pylist(
-                [{"bucket": bucket, "part_index": index, "path": part.path, "rows": part.rows,
-                  "bytes": part.bytes, "crc32c": part.crc32c}], schema=meta_schema)
+
+def _single(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
+                                          Iterator[pa.RecordBatch]]:
+    """The whole step in one task (small inputs): decode, sort, consolidate, write."""
+    schema = pa.schema(META_FIELDS)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for gid in _task_ids(batches):
+            past, future, decoded = _prepared(gid, ctx)
+            past = sort_rows(past, ctx.sort_keys, ctx.prefix)
+            future = sort_rows(future, [(ctx.bucket, "ascending"), *ctx.sort_keys], ctx.bucket)
+            rows = [_tally_row(decoded)]
+            part = _write_nonempty(ctx, batch_part_path(ctx.batch_id, 0),
+                                   [consolidate_sorted(past, ctx)])
+            if part is not None:
+                rows.append(_meta_row(None, 0, part))
+            for low, start, length in _bucket_runs(future, ctx.bucket):
+                pending = _write_nonempty(ctx, pending_path(),
+                                          [consolidate_sorted(future.slice(start, length), ctx)])
+                if pending is not None:
+                    rows.append(_meta_row(low, 0, pending))
+            yield pa.RecordBatch.from_pylist(rows, schema=schema)
     return _guarded(run)
 
 
@@ -583,7 +911,7 @@ def _writer(ctx: WriteContext) -> Callable[[Iterator[pa.RecordBatch]],
 
 def aux_columns(meta: RelationMeta) -> tuple[str, str]:
     """Names of the bucket and prefix columns, distinct from every row column (compared
-    case-insensitively, as Spark may)."""
+    case-insensitively)."""
     taken = {n.lower() for n in meta.schema.names}
     names = []
     for base in (BUCKET, PREFIX):
@@ -594,46 +922,77 @@ def aux_columns(meta: RelationMeta) -> tuple[str, str]:
     return names[0], names[1]
 
 
-def _spark_types(meta: RelationMeta) -> tuple[Any, pa.Schema]:
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    bucket, prefix = aux_columns(meta)
-    rows = from_arrow_schema(meta.schema, prefer_timestamp_ntz=True)
-    schema = StructType([*rows.fields, StructField(TIME, LongType(), True),
-                         StructField(DIFF, LongType(), True),
-                         StructField(bucket, LongType(), True),
-                         StructField(prefix, LongType(), True)])
-    return schema, to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
-
-
-def _order(meta: RelationMeta) -> list[Any]:
-    """Spark expressions whose ascending, nulls-first order is the batch order of
-    :func:`lamina.consolidate.sort` (a float column is preceded by its rank: null, NaN,
-    number, because Spark sorts NaN last and Arrow right after the nulls)."""
-    from pyspark.sql import functions as F
-
-    exprs: list[Any] = []
-    for name in meta.sort_columns:
-        c = F.col(name)
-        if pa.types.is_floating(meta.schema.field(name).type):
-            exprs.append(F.when(c.isNull(), 0).when(F.isnan(c), 1).otherwise(2))
-        exprs.append(c)
-    exprs.append(F.col(TIME))
-    return exprs
-
-
 @dataclass(frozen=True)
 class StepOutput:
-    """What a step's tasks wrote: batch parts in order and pending parts by bucket."""
+    """What a step's tasks wrote: batch parts in order and pending parts by bucket, and how
+    many updates they read."""
 
     parts: list[PartFile]
     pending: list[tuple[int, PartFile]]
     """(bucket lower end, file), in increasing bucket order."""
+    input_rows: int
+    """Updates the step's tasks decoded from its inputs (WAL segments and Parquet parts),
+    before forwarding and consolidation; counted by the attempts whose output the driver
+    collected, so a retried task is counted once."""
 
 
 def _parallelism(spark: Any) -> int:
     return max(1, int(spark.sparkContext.defaultParallelism))
+
+
+def _run_tasks(spark: Any, n: int, fn: Callable[[Iterator[pa.RecordBatch]],
+                                                 Iterator[pa.RecordBatch]],
+               ddl: str, check: Callable[[], None]) -> list[Any]:
+    """Run ``fn`` in ``n`` tasks, task ``i`` receiving the id ``i``; the rows they yield."""
+    check()
+    rows: list[Any] = spark.range(0, n, 1, n).mapInArrow(fn, ddl).collect()
+    return rows
+
+
+def boundaries(samples: pa.Table, chunks: int, ctx: StepContext) -> list[tuple[Any, ...]]:
+    """``chunks - 1`` full keys cutting the sampled rows into ``chunks`` equal shares."""
+    if chunks <= 1 or not samples.num_rows:
+        return []
+    ordered = sort_rows(samples, ctx.sort_keys, ctx.prefix)
+    m = ordered.num_rows
+    return row_keys(ordered.take([min(m - 1, j * m // chunks) for j in range(1, chunks)]), ctx)
+
+
+def _plan_writes(infos: list[dict[str, Any]], samples: pa.Table, ctx: StepContext,
+                 n_write: int, tuning: JobTuning) -> list[PartItem | BucketItem]:
+    """Write tasks for the runs the decode tasks left: ``n_write`` parts at most (fewer
+    when there are fewer chunks), each cut into chunks of about ``chunk_rows`` rows, and
+    the pending buckets packed into tasks of about ``chunk_rows`` rows."""
+    runs = tuple(Run(str(i["past"]), tuple((int(a), int(b)) for a, b in i["spans"]))
+                 for i in infos if i["past"] is not None)
+    rows = sum(int(i["rows"]) for i in infos)
+    items: list[PartItem | BucketItem] = []
+    if rows:
+        chunks = min(max(math.ceil(rows / tuning.chunk_rows), n_write), samples.num_rows + 1)
+        parts = max(1, min(n_write, chunks))
+        chunks = max(chunks, parts)
+        cuts: list[tuple[Any, ...] | None] = [None, *boundaries(samples, chunks, ctx), None]
+        cuts += [None] * (chunks + 1 - len(cuts))
+        for p in range(parts):
+            lo, hi = p * chunks // parts, (p + 1) * chunks // parts
+            items.append(PartItem(index=p, runs=runs, bounds=tuple(cuts[lo:hi + 1])))
+    by_bucket: dict[int, list[tuple[str, int, int]]] = {}
+    for info in infos:
+        for low, start, length in info["buckets"]:
+            by_bucket.setdefault(int(low), []).append((str(info["future"]), start, length))
+    group: list[tuple[int, tuple[tuple[str, int, int], ...]]] = []
+    size = 0
+    for low in sorted(by_bucket):
+        pieces = tuple(by_bucket[low])
+        n = sum(p[2] for p in pieces)
+        if group and size + n > tuning.chunk_rows:
+            items.append(BucketItem(tuple(group)))
+            group, size = [], 0
+        group.append((low, pieces))
+        size += n
+    if group:
+        items.append(BucketItem(tuple(group)))
+    return items
 
 
 def run_step(spark: Any, trace: Trace, *, segments: Sequence[SegmentSpan],
@@ -645,6 +1004,8 @@ def run_step(spark: Any, trace: Trace, *, segments: Sequence[SegmentSpan],
     from lamina.compacter.spark import check_cancelled
 
     meta = trace.meta
+    scratch = trace.dir / "batches" / f"{batch_id}.scratch"
+    decoded = 0  # updates counted by decode tasks (single tasks report theirs in tally rows)
     try:
         sizes = [Path(s.path).stat().st_size for s in segments]
         total = sum(sizes) + sum(p.bytes * PARQUET_EXPANSION for p in parts)
@@ -663,57 +1024,49 @@ def run_step(spark: Any, trace: Trace, *, segments: Sequence[SegmentSpan],
             else:
                 items.extend(segment_ranges(span, meta.name, size + 1))
         items.extend(PartInput(p) for p in parts)
-        groups = pack(items, max(share, 1))
-        spark_schema, arrow_schema = _spark_types(meta)
-        dctx = DecodeContext(trace_dir=str(trace.dir), relation=meta.name,
-                             update_schema=meta.update_schema, out_schema=arrow_schema,
-                             since=since, upper=upper if upper is not None and upper <= MAX_TIME
-                             else None, prefix_column=meta.sort_columns[0],
-                             groups=tuple(groups), batch_rows=1 << 16)
-        wctx = WriteContext(trace_dir=str(trace.dir), update_schema=meta.update_schema,
-                            row_columns=tuple(meta.row_columns),
-                            sort_columns=tuple(meta.sort_columns), batch_id=batch_id,
-                            context=context, chunk_rows=tuning.chunk_rows)
-        rows = _execute(spark, dctx, wctx, spark_schema, order=_order(meta), n_write=n_write,
-                        split=dctx.upper is not None, check=check_cancelled)
+        groups = tuple(pack(items, max(share, 1)))
+        bucket, prefix = aux_columns(meta)
+        ctx = StepContext(
+            trace_dir=str(trace.dir), relation=meta.name, update_schema=meta.update_schema,
+            row_columns=tuple(meta.row_columns), sort_columns=tuple(meta.sort_columns),
+            prefix=prefix, bucket=bucket, since=since,
+            upper=upper if upper is not None and upper <= MAX_TIME else None,
+            batch_id=batch_id, context=context, scratch=scratch.relative_to(trace.dir).as_posix(),
+            sample_every=max(1, tuning.chunk_rows // SAMPLES_PER_CHUNK),
+            min_samples=max(1, math.ceil(SAMPLES_PER_CHUNK * n_write / len(groups))),
+            parts=n_write,
+            groups=groups)
+        if single:
+            rows = _run_tasks(spark, len(ctx.groups), _single(ctx), META_DDL,
+                              check_cancelled)
+        else:
+            try:
+                runs = _run_tasks(spark, len(ctx.groups), _decoder(ctx), RUN_DDL,
+                                  check_cancelled)
+                runs.sort(key=lambda r: int(r["group"]))
+                infos = [json.loads(r["info"]) for r in runs]
+                decoded = sum(int(i["input_rows"]) for i in infos)
+                samples = pa.concat_tables(decode_updates(r["sample"]) for r in runs)  # Arrow IPC
+                writes = _plan_writes(infos, samples, ctx, n_write, tuning)
+                rows = _run_tasks(spark, len(writes), _writer(ctx, writes), META_DDL,
+                                  check_cancelled) if writes else []
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
     except LaminaError:
         raise
     except Exception as exc:  # Spark, Py4J, or the driver's own reads (OSError)
         raise translate(exc, context) from exc
-    return _collect_output(rows, context)
+    return _collect_output(rows, context, decoded)
 
 
-def _execute(spark: Any, dctx: DecodeContext, wctx: WriteContext, spark_schema: Any, *,
-             order: list[Any], n_write: int, split: bool,
-             check: Callable[[], None]) -> list[Any]:
-    from pyspark.sql import functions as F
-
-    n_groups = len(dctx.groups)
-    decoded = spark.range(0, n_groups, 1, n_groups).mapInArrow(_decoder(dctx), spark_schema)
-    bucket, prefix = (F.col(n) for n in dctx.out_schema.names[-2:])
-    if split:  # a bucket's rows share one partition key: (INT64_MAX, bucket, nulls)
-        sort_exprs = [prefix.asc(), bucket.asc_nulls_first(),
-                      *(e.asc_nulls_first() for e in order)]
-        part_exprs = [prefix.asc(), bucket.asc_nulls_first(),
-                      *(F.when(bucket.isNull(), e).asc_nulls_first() for e in order)]
-    else:
-        sort_exprs = part_exprs = [prefix.asc(), *(e.asc_nulls_first() for e in order)]
-    if n_groups == 1 and n_write == 1:
-        shaped = decoded
-    elif n_write == 1:
-        shaped = decoded.repartition(1)
-    else:
-        shaped = decoded.repartitionByRange(n_write, *part_exprs)
-    written = shaped.sortWithinPartitions(*sort_exprs).mapInArrow(_writer(wctx), META_DDL)
-    check()
-    rows: list[Any] = written.collect()
-    return rows
-
-
-def _collect_output(rows: list[Any], context: str) -> StepOutput:
+def _collect_output(rows: list[Any], context: str, decoded: int = 0) -> StepOutput:
     parts: dict[int, PartFile] = {}
     pending: dict[int, PartFile] = {}
+    input_rows = decoded
     for r in rows:
+        input_rows += int(r["input_rows"] or 0)
+        if r["path"] is None:  # a single task's tally row
+            continue
         pf = PartFile(path=str(r["path"]), rows=int(r["rows"]), bytes=int(r["bytes"]),
                       crc32c=int(r["crc32c"]))
         if r["bucket"] is None:
@@ -725,14 +1078,29 @@ def _collect_output(rows: list[Any], context: str) -> StepOutput:
                            f"{pf.path}); was speculative execution enabled?")
         target[key] = pf
     return StepOutput(parts=[parts[i] for i in sorted(parts)],
-                      pending=[(lo, pending[lo]) for lo in sorted(pending)])
+                      pending=[(lo, pending[lo]) for lo in sorted(pending)],
+                      input_rows=input_rows)
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What :func:`spark_convert` wrote and read (nothing of it committed yet)."""
+
+    parts: list[PartFile]
+    """The batch's parts, in order."""
+    pending: list[PendingPart]
+    """The new pending parts, one per bucket, in time order."""
+    input_rows: int
+    """Updates decoded: those of the plan's WAL segments plus the rows of the pending
+    parts it consumes (future updates are thus counted once when they are first converted
+    and again when the conversion that reaches their time brings them in)."""
 
 
 def spark_convert(spark: Any, trace: Trace, plan: ConversionPlan, *,
-                  tuning: JobTuning = DEFAULT_TUNING) -> tuple[list[PartFile],
-                                                               list[PendingPart]]:
-    """Carry out a conversion plan as a Spark job; return the batch's parts (in order) and
-    the new pending parts (one per bucket, in time order). Nothing is committed."""
+                  tuning: JobTuning = DEFAULT_TUNING) -> ConversionResult:
+    """Carry out a conversion plan as a Spark job; return the batch's parts, the new
+    pending parts and the number of updates read. Nothing is committed: the caller passes
+    ``result.parts`` and ``result.pending`` to ``Trace.commit_conversion``."""
     out = run_step(spark, trace, segments=plan.segments,
                    parts=[p.part for p in plan.consume], since=plan.since, upper=plan.upper,
                    batch_id=plan.batch_id,
@@ -741,7 +1109,7 @@ def spark_convert(spark: Any, trace: Trace, plan: ConversionPlan, *,
     for lo, part in out.pending:
         blo, bhi = bucket_of(lo, plan.upper)
         pending.append(PendingPart(blo, bhi, part))
-    return out.parts, pending
+    return ConversionResult(parts=out.parts, pending=pending, input_rows=out.input_rows)
 
 
 def spark_merge(spark: Any, trace: Trace, plan: MergePlan, *,

@@ -12,7 +12,9 @@ Names follow Prometheus conventions: ``lamina_`` prefix, base units (seconds, by
 |  |  |  | outcome: success, failure, cancelled) |
 | lamina_job_duration_seconds | histogram | kind | wall time of a step, from submit to commit |
 | lamina_job_retries_total | counter | kind | failed attempts that were retried |
-| lamina_job_input_rows_total | counter | kind | update rows read by steps |
+| lamina_job_input_rows_total | counter | kind | update rows read by steps (conversion: |
+|  |  |  | the updates of its WAL segments plus the pending rows it brings in; |
+|  |  |  | merge: the rows of both parents) |
 | lamina_job_output_rows_total | counter | kind | update rows written by steps |
 | lamina_job_input_bytes_total | counter | kind | bytes read by steps (segments, parts) |
 | lamina_job_output_bytes_total | counter | kind | bytes written by steps |

@@ -192,19 +192,22 @@ class RelationPipeline:
 
         async def attempt() -> Any:
             plan = plan_conversion(trace.state, spans)
-            parts, pending = await self.executor.convert(self.name, trace, plan)
-            state = await asyncio.to_thread(trace.commit_conversion, plan, parts, pending)
-            return plan, parts, pending, state
+            result = await self.executor.convert(self.name, trace, plan)
+            state = await asyncio.to_thread(trace.commit_conversion, plan, result.parts,
+                                            result.pending)
+            return plan, result, state
 
-        plan, parts, pending, state = await self._retrying("conversion", attempt, stop, bound)
+        plan, result, state = await self._retrying("conversion", attempt, stop, bound)
         deleted = await asyncio.to_thread(trace.delete_converted_segments, self.wal_dir)
+        parts, pending = result.parts, result.pending
         rows_out = sum(p.rows for p in parts) + sum(p.part.rows for p in pending)
         bytes_out = sum(p.bytes for p in parts) + sum(p.part.bytes for p in pending)
         in_bytes = sum(s.bytes for s in spans) + sum(p.part.bytes for p in plan.consume)
-        self._observe("conversion", started, rows_in=None, rows_out=rows_out,
+        self._observe("conversion", started, rows_in=result.input_rows, rows_out=rows_out,
                       bytes_in=in_bytes, bytes_out=bytes_out)
         bound.info("conversion committed", batch=plan.batch_id, version=state.version,
-                   rows_out=rows_out, bytes_out=bytes_out, segments_deleted=deleted,
+                   rows_in=result.input_rows, rows_out=rows_out, bytes_out=bytes_out,
+                   segments_deleted=deleted,
                    pending_parts=len(pending), seconds=round(time.monotonic() - started, 3))
         return True
 
@@ -273,13 +276,12 @@ class RelationPipeline:
                 self.metrics.jobs.labels(kind=kind, outcome="cancelled").inc()
                 raise
 
-    def _observe(self, kind: str, started: float, *, rows_in: int | None, rows_out: int,
+    def _observe(self, kind: str, started: float, *, rows_in: int, rows_out: int,
                  bytes_in: int, bytes_out: int) -> None:
         m = self.metrics
         m.jobs.labels(kind=kind, outcome="success").inc()
         m.job_seconds.labels(kind=kind).observe(time.monotonic() - started)
-        if rows_in is not None:
-            m.rows_in.labels(kind=kind).inc(rows_in)
+        m.rows_in.labels(kind=kind).inc(rows_in)
         m.rows_out.labels(kind=kind).inc(rows_out)
         m.bytes_in.labels(kind=kind).inc(bytes_in)
         m.bytes_out.labels(kind=kind).inc(bytes_out)

@@ -10,6 +10,7 @@ errors, so a typo never passes silently. Defaults serve a laptop: ``./lamina-dat
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lamina.errors import ConfigError
 
 ENV_PREFIX = "LAMINA_"
+MIN_DRIVER_MEMORY_MIB = 450
+"""Spark refuses to start a driver whose JVM heap is below 1.5 times its 300 MiB of
+reserved memory (``UnifiedMemoryManager``), i.e. 450 MiB; the same bound holds in local
+mode, where the executors share the driver's JVM."""
+_JVM_SIZE = re.compile(r"(\d+)([kmgt])", re.IGNORECASE)
+_UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def jvm_size_mib(value: str) -> float:
+    """MiB of a JVM heap size such as ``512m`` or ``2g``; ValueError for anything else
+    (``512mb`` and a bare ``512`` are refused: Spark hands the value to the JVM as
+    ``-Xmx<value>``, which rejects the first and reads the second as bytes)."""
+    m = _JVM_SIZE.fullmatch(value.strip())
+    if m is None:
+        raise ValueError(f"expected a JVM heap size such as 512m or 2g, got {value!r}")
+    return int(m.group(1)) * _UNIT_MIB[m.group(2).lower()]
 
 
 class Settings(BaseModel):
@@ -54,6 +71,14 @@ class Settings(BaseModel):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected HOST:PORT, got {v!r}")
         return v
+
+    @field_validator("spark_driver_memory")
+    @classmethod
+    def _check_driver_memory(cls, v: str) -> str:
+        if jvm_size_mib(v) < MIN_DRIVER_MEMORY_MIB:
+            raise ValueError(f"Spark needs a driver heap of at least {MIN_DRIVER_MEMORY_MIB}m "
+                             f"(it refuses to start below), got {v!r}")
+        return v.strip()
 
     @property
     def http_host(self) -> str:

@@ -1,0 +1,47 @@
+"""The driver memory setting is checked at start-up: a value Spark would refuse (below its
+450 MiB minimum) or the JVM would misread (``512mb``, a bare number) fails with exit code 2
+before any JVM starts, naming the key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lamina.compacter.settings import MIN_DRIVER_MEMORY_MIB, jvm_size_mib, load_settings
+from lamina.drill.procs import LAMINA, free_port
+from lamina.errors import ConfigError
+
+
+@pytest.mark.parametrize(("value", "mib"), [("450m", 450), ("1g", 1024), ("2G", 2048),
+                                            ("460800k", 450), ("1t", 1024 * 1024)])
+def test_driver_memory_accepted(value: str, mib: float) -> None:
+    assert jvm_size_mib(value) == mib
+    settings = load_settings(env={"LAMINA_SPARK_DRIVER_MEMORY": value})
+    assert settings.spark_driver_memory == value
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("449m", f"at least {MIN_DRIVER_MEMORY_MIB}m"),
+    ("256m", f"at least {MIN_DRIVER_MEMORY_MIB}m"),
+    ("512mb", "JVM heap size"),
+    ("512", "JVM heap size"),
+    ("lots", "JVM heap size"),
+])
+def test_driver_memory_refused(value: str, why: str) -> None:
+    with pytest.raises(ConfigError, match="spark_driver_memory") as info:
+        load_settings(env={"LAMINA_SPARK_DRIVER_MEMORY": value})
+    assert why in str(info.value)
+
+
+def test_serve_refuses_a_driver_memory_spark_cannot_start_with(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [LAMINA, "serve", "--data-dir", str(tmp_path / "data"), "--http",
+         f"127.0.0.1:{free_port()}"],
+        env={**os.environ, "LAMINA_SPARK_DRIVER_MEMORY": "256m"}, capture_output=True,
+        text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "spark_driver_memory" in proc.stderr
+    assert "at least 450m" in proc.stderr
