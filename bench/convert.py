@@ -189,25 +189,30 @@ def plan_seconds(inp: Input) -> float:
     return time.monotonic() - started
 
 
-def verify(scale: float, trace_dir: str) -> str:
-    """Lamina's kept output against the reference executor on the same plan."""
+def verify(scale: float, answer: dict[str, Any]) -> str:
+    """Lamina's kept output (and the updates it counted) against the reference executor on
+    the same plan."""
     from tests.compacter.workload import assert_same_conversion
 
+    from lamina.compacter.jobs import ConversionResult
     from lamina.trace import reference
     from lamina.trace.plan import plan_conversion
     from lamina.trace.trace import Trace
 
     inp = conversion_input(scale, log=False)
-    got_trace = Trace.open(Path(trace_dir), inp.meta)
+    trace_dir = Path(answer["trace_dir"])
+    got_trace = Trace.open(trace_dir, inp.meta)
     st = got_trace.state
-    ref_dir = Path(trace_dir).with_name(Path(trace_dir).name + "-ref")
+    ref_dir = trace_dir.with_name(trace_dir.name + "-ref")
     ref = Trace.open(ref_dir, inp.meta)
     plan = plan_conversion(ref.state, inp.spans())
     want = reference.run_conversion(ref, plan)
-    got = (list(st.batches[0].parts) if st.batches else [], list(st.pending))
-    assert_same_conversion(got_trace, got, ref, want)
+    got = ConversionResult(parts=list(st.batches[0].parts) if st.batches else [],
+                           pending=list(st.pending), input_rows=int(answer["input_rows"]))
+    assert_same_conversion(got_trace, got, ref, want, plan=plan)
     shutil.rmtree(ref_dir)
-    return f"identical to the reference: {sum(p.rows for p in got[0])} batch rows"
+    return (f"identical to the reference: {sum(p.rows for p in got.parts)} batch rows; "
+            f"{got.input_rows} updates counted")
 
 
 def main(argv: list[str] | None = None) -> int:

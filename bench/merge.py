@@ -151,7 +151,7 @@ def child_main(name: str, scale: float, master: str) -> int:
     return procs.child_main(lambda: Contender(name, scale, master))
 
 
-def verify(scale: float, trace_dir: str) -> str:
+def verify(scale: float, answer: dict[str, Any]) -> str:
     """Lamina's merged batch against the reference executor's merge of the same parents."""
     from tests.compacter.workload import assert_same_tables, batch_table
 
@@ -160,8 +160,9 @@ def verify(scale: float, trace_dir: str) -> str:
     from lamina.trace.trace import Trace
 
     inp = merge_input(scale, log=False)
-    got = Trace.open(Path(trace_dir), inp.meta)
-    ref_dir = Path(trace_dir).with_name(Path(trace_dir).name + "-ref")
+    trace_dir = Path(answer["trace_dir"])
+    got = Trace.open(trace_dir, inp.meta)
+    ref_dir = trace_dir.with_name(trace_dir.name + "-ref")
     shutil.copytree(inp.trace_dir, ref_dir)
     ref = Trace.open(ref_dir, inp.meta)
     plan = plan_merge(ref.state)

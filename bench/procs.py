@@ -174,7 +174,7 @@ def peak_memory(runs: Sequence[tuple[dict[str, Any], dict[str, int]]]) -> dict[s
     return {role: max(p[role] for _, p in runs) for role in roles}
 
 
-Verify = Callable[[float, str], str]
+Verify = Callable[[float, dict[str, Any]], str]
 
 
 def compare(name: str, module: str, *, scale: float, rounds: int,
@@ -185,7 +185,8 @@ def compare(name: str, module: str, *, scale: float, rounds: int,
     up, run them ``rounds`` times interleaved and summarize: median seconds, updates/s,
     peak RSS by role, and the ``reference`` contender's throughput over each other's
     against ``targets`` (contender name: target ratio). With ``verify``, one more run of
-    the reference keeps its output and ``verify(scale, trace_dir)`` checks it."""
+    the reference keeps its output and ``verify(scale, answer)`` checks it (the answer
+    names the kept ``trace_dir``)."""
     logs = logs or ROOT / "bench" / ".cache" / "logs"
     children = [Child(c, module, args, logs / f"{name}-{c.replace('/', '_')}.log")
                 for c, args in contenders.items()]
@@ -198,7 +199,7 @@ def compare(name: str, module: str, *, scale: float, rounds: int,
             ref = next(c for c in children if c.name == reference)
             answer, _ = ref.call({"command": "run", "keep": True})
             try:
-                verified = verify(scale, answer["trace_dir"])
+                verified = verify(scale, answer)
             finally:
                 import shutil
 

@@ -77,9 +77,15 @@ def decode_frontier(payload: bytes | memoryview) -> int:
     return int(value)
 
 
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
+"""Arrow IPC as written to segments: metadata V5, the current format, whatever the
+``ARROW_PRE_*`` environment variables say (a storage format must not depend on them; and
+passing options spares pyarrow reading the environment twice per append)."""
+
+
 def encode_updates(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_table(table)
     data: bytes = sink.getvalue().to_pybytes()
     return data
@@ -98,14 +104,14 @@ def encode_updates_record(table: pa.Table, scratch: bytearray | None = None) -> 
     which the caller may keep as the next scratch). Reusing one buffer spares every large
     append the page faults and zeroing of fresh memory (docs/performance.md)."""
     mock = pa.MockOutputStream()
-    with pa.ipc.new_stream(mock, table.schema) as writer:
+    with pa.ipc.new_stream(mock, table.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_table(table)
     size = mock.size()
     if scratch is None or len(scratch) < HEADER_SIZE + size:
         scratch = bytearray(HEADER_SIZE + size)
     out = memoryview(scratch)[:HEADER_SIZE + size]
     with pa.FixedSizeBufferWriter(pa.py_buffer(out[HEADER_SIZE:])) as sink, \
-            pa.ipc.new_stream(sink, table.schema) as writer:
+            pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_table(table)
     rtype = RecordType.UPDATES
     HEADER.pack_into(out, 0, size, rtype, crc32c(out[HEADER_SIZE:], crc32c(bytes((rtype,)))))
