@@ -29,8 +29,6 @@ from lamina.compacter.jobs import (
     segment_ranges,
     spark_convert,
     spark_merge,
-    to_signed,
-    to_unsigned,
 )
 from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
 from lamina.consolidate import sort
@@ -74,18 +72,6 @@ def test_bucket_lows_match_bucket_of(ts: list[int], upper: int) -> None:
     assert got == [bucket_of(t, upper)[0] for t in ts]
     for t, lo in zip(ts, got, strict=True):  # the driver rebuilds a bucket from its low end
         assert bucket_of(lo, upper) == bucket_of(t, upper)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(times, min_size=1, max_size=30))
-def test_time_shift_preserves_order_and_round_trips(ts: list[int]) -> None:
-    arr = pa.array(ts, pa.uint64())
-    signed = to_signed(arr)
-    assert signed.type == pa.int64()
-    assert to_unsigned(signed).to_pylist() == ts
-    order = sorted(range(len(ts)), key=lambda i: ts[i])
-    assert sorted(range(len(ts)), key=lambda i: signed[i].as_py()) == order
-    assert [s - 2**63 for s in ts] == signed.to_pylist()
 
 
 _PREFIX_CASES = [

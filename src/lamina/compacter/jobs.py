@@ -129,6 +129,7 @@ from lamina.wal.record import (
     HEADER,
     HEADER_SIZE,
     MAX_PAYLOAD,
+    MAX_TIME,
     BadFrame,
     RecordType,
     corrupt,
@@ -149,8 +150,7 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 TIME_SHIFT = 1 << 63
-MAX_TIME = 2**64 - 1
-_SHIFT = pa.scalar(TIME_SHIFT, pa.uint64())
+"""Bucket lows (uint64) travel to the driver in a Spark bigint column, shifted by this."""
 _TASK_MARK = "LAMINA-TASK-ERROR<"
 _TASK_MARK_RE = re.compile(r"LAMINA-TASK-ERROR<([A-Za-z0-9+/=]+)>")
 PARQUET_EXPANSION = 4
@@ -259,17 +259,7 @@ def pack(items: Sequence[WorkItem], target: int) -> list[tuple[WorkItem, ...]]:
     return groups
 
 
-# --- time and bucket mapping (vectorized, shared by tasks and tests) --------------------------
-
-def to_signed(times: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """uint64 times to Spark longs, order-preserving: ``t XOR 2**63`` read as signed."""
-    return pc.cast(pc.bit_wise_xor(times, _SHIFT), pa.int64(), safe=False)
-
-
-def to_unsigned(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """The inverse of :func:`to_signed`."""
-    return pc.bit_wise_xor(pc.cast(values, pa.uint64(), safe=False), _SHIFT)
-
+# --- bucket mapping (vectorized, shared by tasks and tests) ------------------------------------
 
 def bucket_lows(times: pa.Array | pa.ChunkedArray, upper: int) -> pa.Array | pa.ChunkedArray:
     """``bucket_of(t, upper)[0]`` for every ``t >= upper`` (uint64 in, uint64 out): the
