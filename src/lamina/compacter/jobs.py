@@ -115,7 +115,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lamina.consolidate import consolidate_updates, forward, sum_adjacent
+from lamina.consolidate import (
+    INT64_MAX,
+    INT64_MIN,
+    consolidate_updates,
+    forward,
+    sum_adjacent,
+)
 from lamina.errors import CorruptionError, DiffOverflowError, JobError, LaminaError
 from lamina.fs import FileSystem
 from lamina.schema import TIME, RelationMeta
@@ -146,8 +152,6 @@ BUCKET = "__lamina_bucket"
 PREFIX = "__lamina_prefix"
 """Run column: an int64 that orders like the first sort column (see :func:`order_prefix`).
 It leads every ordering, so sorting and searching runs is mostly integer work."""
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
 
 TIME_SHIFT = 1 << 63
 """Bucket lows (uint64) travel to the driver in a Spark bigint column, shifted by this."""
