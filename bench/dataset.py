@@ -33,6 +33,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,22 @@ def _mark(root: Path, doc: dict[str, object]) -> None:
     (root / "done.json").write_text(json.dumps(doc))
 
 
+def _cached(root: Path, doc: dict[str, object], build: Callable[[], None],
+            what: str | None) -> None:
+    """Run ``build`` to fill ``root`` unless a complete cache made from ``doc`` is there
+    (anything else there is removed first); say so on stderr unless ``what`` is None."""
+    if _done(root, doc):
+        return
+    if root.exists():
+        shutil.rmtree(root)
+    started = time.monotonic()
+    build()
+    _mark(root, doc)
+    if what is not None:
+        print(f"generated {what} in {root} ({time.monotonic() - started:.0f} s)",
+              file=sys.stderr, flush=True)
+
+
 def _meta(root: Path) -> RelationMeta:
     path = Layout(root).wal_dir(RELATION) / "relation.json"
     return RelationMeta.from_json(path.read_bytes(), path)
@@ -168,10 +185,8 @@ def conversion_input(scale: float = 1.0, *, log: bool = True) -> Input:
     root = CACHE / f"convert-{scale:g}"
     doc: dict[str, object] = {"format": FORMAT, "updates": updates, "keys": keys,
                               "per_append": PER_APPEND}
-    if not _done(root, doc):
-        if root.exists():
-            shutil.rmtree(root)
-        started = time.monotonic()
+
+    def build() -> None:
         rng = np.random.default_rng(7)
         items = _items(keys)
         with Store.open(root, fsync="never") as store:
@@ -187,10 +202,8 @@ def conversion_input(scale: float = 1.0, *, log: bool = True) -> Input:
         # reopened with a tiny rotation target, the next seal finishes the open segment
         with Store.open(root, fsync="never", segment_bytes=4096) as store:
             store.relation(RELATION).seal(lower + 1)
-        _mark(root, doc)
-        if log:
-            print(f"generated {updates:,} updates in {root} "
-                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    _cached(root, doc, build, f"{updates:,} updates" if log else None)
     return Input(root=root, meta=_meta(root), updates=updates, keys=keys)
 
 
@@ -211,10 +224,8 @@ def merge_input(scale: float = 1.0, *, log: bool = True) -> Input:
     root = CACHE / f"merge-{scale:g}"
     doc: dict[str, object] = {"format": FORMAT, "updates": per, "keys": keys,
                               "since": MERGE_SINCE}
-    if not _done(root, doc):
-        if root.exists():
-            shutil.rmtree(root)
-        started = time.monotonic()
+
+    def build() -> None:
         with Store.open(root, fsync="never") as store:
             rel = store.create_relation(RELATION, SCHEMA, key=KEY)
             rel.seal(2000)  # the WAL's frontiers match the trace's: snapshots can read it
@@ -236,10 +247,8 @@ def merge_input(scale: float = 1.0, *, log: bool = True) -> Input:
         state = TraceState.empty(RELATION, meta.relation_id).next(
             upper=2000, since=MERGE_SINCE, batches=tuple(batches))
         StateStore(trace_dir, fs).publish(state)
-        _mark(root, doc)
-        if log:
-            print(f"generated two batches of {per:,} updates in {root} "
-                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    _cached(root, doc, build, f"two batches of {per:,} updates" if log else None)
     return Input(root=root, meta=_meta(root), updates=2 * per, keys=keys)
 
 
