@@ -46,6 +46,7 @@ from tests.trace.helpers import (
     KEY,
     NAME,
     SCHEMA,
+    STEPS,
     NoSyncFileSystem,
     Oracle,
     StepBase,
@@ -53,12 +54,11 @@ from tests.trace.helpers import (
     append_rounds,
     check_snapshots,
     check_trace,
-    collect_all,
     convert,
     data_files,
-    merge_all,
     pending_spans,
     recover,
+    run_step,
     table_of,
     temp_files,
 )
@@ -266,17 +266,8 @@ def _trace_base(root: Path, step: str) -> StepBase:
 def _run_step(step: str, root: Path, fs: FileSystem) -> None:
     with Store.open(root, fsync="never", fs=fs) as store:
         rel = store.relation(NAME)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs)
-        if step == "convert":
-            convert(trace, rel.wal_dir, per_plan=64, merge=False)
-            trace.delete_converted_segments(rel.wal_dir)
-        elif step == "merge":
-            merge_all(trace)
-        else:
-            collect_all(trace, keep_versions=1)
+        run_step(step, Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs), rel.wal_dir)
 
-
-STEPS = ("convert", "merge", "gc")
 
 
 def _is_op(number: int, op: Op) -> bool:

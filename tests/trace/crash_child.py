@@ -37,9 +37,9 @@ from pathlib import Path
 from lamina.faults import CountingFileSystem, CrashingFileSystem, InjectingFileSystem
 from lamina.store import Store
 from lamina.trace.trace import Trace
-from tests.trace.helpers import NAME, collect_all, convert, merge_all
+from tests.trace import helpers
+from tests.trace.helpers import NAME
 
-STEPS = ("convert", "merge", "gc")
 SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                      "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 
@@ -49,15 +49,10 @@ def run_step(step: str, root: Path, fs: InjectingFileSystem) -> None:
     store = Store.open(root, fs=fs)
     rel = store.relation(NAME)
     trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs)
-    if step == "convert":
-        convert(trace, rel.wal_dir, per_plan=64, merge=False)
-        trace.delete_converted_segments(rel.wal_dir)
-    elif step == "merge":
-        merge_all(trace)
-    elif step == "gc":
-        collect_all(trace, keep_versions=1)
-    else:
-        raise SystemExit(f"unknown step {step!r}; expected one of {STEPS}")
+    try:
+        helpers.run_step(step, trace, rel.wal_dir)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 def run(step: str, root: Path, crash_at: int) -> str:

@@ -173,6 +173,24 @@ def collect_all(trace: Trace, keep_versions: int = 1) -> None:
                           now=time.time() + 60.0)
 
 
+STEPS = ("convert", "merge", "gc")
+"""The trace steps the crash and I/O-error suites break: :func:`run_step` runs each."""
+
+
+def run_step(step: str, trace: Trace, wal_dir: Path) -> None:
+    """One trace step as the compacter runs it: convert every finished segment (and
+    delete them), merge while a merge is due, or collect all garbage."""
+    if step == "convert":
+        convert(trace, wal_dir, per_plan=64, merge=False)
+        trace.delete_converted_segments(wal_dir)
+    elif step == "merge":
+        merge_all(trace)
+    elif step == "gc":
+        collect_all(trace, keep_versions=1)
+    else:
+        raise ValueError(f"unknown step {step!r}; expected one of {STEPS}")
+
+
 def recover(trace_dir: Path, wal_dir: Path, meta: RelationMeta) -> Trace:
     """What a restarted compacter does: load the newest state, delete segments it marks
     converted, convert the rest, merge, collect garbage with no grace period."""
