@@ -50,10 +50,9 @@ from lamina.schema import RelationMeta
 from lamina.store import Relation
 from lamina.trace import reference
 from lamina.trace.batch import write_part
-from lamina.trace.plan import SegmentSpan, plan_conversion, plan_merge
+from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
-from lamina.wal.reader import finished_segments
-from lamina.wal.segment import scan_file
+from lamina.wal.reader import finished_segments, segment_spans
 
 NAME = "amplification"
 SCHEMA = pa.schema([("id", pa.int64()), ("value", pa.int64()), ("tag", pa.string())])
@@ -75,12 +74,7 @@ class Compacter:
 
     def step(self) -> None:
         st = self.trace.state
-        spans = []
-        for seg in finished_segments(self.wal_dir):
-            if seg.seq > st.converted_through:
-                scan, data = scan_file(seg, self.rel.name)
-                spans.append(SegmentSpan(seg.seq, str(seg.path), scan.lower, scan.upper,
-                                         scan.since, len(data)))
+        spans = list(segment_spans(self.wal_dir, self.rel.name, after=st.converted_through))
         if spans:
             plan = plan_conversion(st, spans)
             parts, pending = reference.run_conversion(self.trace, plan)

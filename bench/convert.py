@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from bench import procs, report
 from bench.dataset import CACHE, Input, conversion_input, warm_scale
 from bench.procs import SparkContender, compare
-from lamina.trace.plan import SegmentSpan
+from lamina.wal.reader import SegmentSpan
 
 NAME = "convert"
 CONTENDERS = ("lamina", "duckdb", "naive")

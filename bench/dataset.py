@@ -44,13 +44,11 @@ import pyarrow.compute as pc
 from lamina import Store
 from lamina.consolidate import consolidate_updates
 from lamina.fs import FileSystem
-from lamina.layout import Layout
+from lamina.layout import Layout, TraceLayout
 from lamina.schema import RelationMeta
-from lamina.trace.batch import BatchDesc, batch_part_path, new_id, write_part
-from lamina.trace.plan import SegmentSpan
+from lamina.trace.batch import BatchDesc, new_id, write_part
 from lamina.trace.state import StateStore, TraceState
-from lamina.wal.reader import finished_segments
-from lamina.wal.segment import scan_file
+from lamina.wal.reader import SegmentSpan, segment_spans
 
 CACHE = Path(__file__).parent / ".cache"
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string()), ("qty", pa.int64())])
@@ -90,12 +88,7 @@ class Input:
 
     def spans(self) -> list[SegmentSpan]:
         """The finished segments as the compacter describes them (all unconverted)."""
-        out = []
-        for seg in finished_segments(self.wal_dir):
-            scan, _ = scan_file(seg, RELATION)
-            out.append(SegmentSpan(seg.seq, str(seg.path), scan.lower, scan.upper, scan.since,
-                                   seg.path.stat().st_size))
-        return out
+        return list(segment_spans(self.wal_dir, RELATION))
 
     def wal_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.wal_dir.glob("*.wal"))
@@ -240,7 +233,7 @@ def merge_input(scale: float = 1.0, *, log: bool = True) -> Input:
             table = _batch_table(rng, items, meta, keys=keys, n=per, lower=lower,
                                  upper=upper)
             bid = new_id("b")
-            part = write_part(fs, trace_dir, batch_part_path(bid, 0), meta.update_schema,
+            part = write_part(fs, trace_dir, TraceLayout.batch_part(bid, 0), meta.update_schema,
                               [table])
             batches.append(BatchDesc(id=bid, lower=lower, upper=upper, since=0, level=0,
                                      parts=(part,)))

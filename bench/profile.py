@@ -20,9 +20,9 @@ diffs as int64 and as decimal128(38, 0) (what ``lamina.consolidate`` chooses bet
 
 ``wal`` times the pieces of an append of bench/wal_append.py's 10,000-row batches (eight
 distinct ones, so caches do not flatter it) in the loop, ``--runs`` appends a round: the
-input check (``conform_updates``), the encoding (``encode_updates_record`` into a reused
-buffer, CRC32C included), the time check, ``os.write`` and ``os.fdatasync`` of the
-record; then ``Relation.append`` (fsync "always") whole, for comparison.
+input check (``conform_updates``), the encoding (``UpdatesEncoder.encode``: the record's
+pieces, no copy, CRC32C included), the time check, ``os.writev`` and ``os.fdatasync`` of
+the record; then ``Relation.append`` (fsync "always") whole, for comparison.
 """
 
 from __future__ import annotations
@@ -187,11 +187,11 @@ def wal(runs: int) -> None:
     from bench.wal_append import SCHEMA, make_batches
     from lamina import Store
     from lamina.schema import TIME, conform_updates
-    from lamina.wal.record import encode_updates_record
+    from lamina.wal.record import UpdatesEncoder
 
     batches = make_batches(10_000)
-    names = ("conform_updates", "encode_updates_record", "time check (min_max)",
-             "os.write", "os.fdatasync")
+    names = ("conform_updates", "UpdatesEncoder.encode", "time check (min_max)",
+             "os.writev", "os.fdatasync")
     steps: dict[str, list[float]] = {k: [] for k in names}
     appends: list[float] = []
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp, \
@@ -199,7 +199,7 @@ def wal(runs: int) -> None:
         rel = store.create_relation("bench", SCHEMA, key=["id"])
         meta = rel.meta
         fd = os.open(Path(tmp) / "raw.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        scratch = None
+        encoder = UpdatesEncoder(meta.update_schema)
         size = 0
         for _ in range(5):  # rounds: the pieces one by one, then Relation.append whole
             acc = [0.0] * len(names)
@@ -207,12 +207,11 @@ def wal(runs: int) -> None:
                 t0 = time.perf_counter()
                 table = conform_updates(meta, batches[i % 8])
                 t1 = time.perf_counter()
-                record = encode_updates_record(table, scratch)
-                scratch, size = record.obj, len(record)
+                record, size = encoder.encode(table)
                 t2 = time.perf_counter()
                 pc.min_max(table.column(TIME))
                 t3 = time.perf_counter()
-                os.write(fd, record)
+                os.writev(fd, record)
                 t4 = time.perf_counter()
                 os.fdatasync(fd)
                 t5 = time.perf_counter()

@@ -8,9 +8,9 @@
    over them, plus one converted segment each that recovery deletes. Every round copies it
    afresh, starts ``lamina serve --spark-master local[2]`` and polls ``/readyz`` every 20 ms
    until it answers 200, then stops the daemon. Reported: spawn to ready, and from its JSON
-   log the phases: interpreter and imports (spawn to ``compacter starting``), the Spark
-   session (to the first ``relation recovered``) and the relations' recovery (to
-   ``compacter ready``); and the same directory's state files read alone in process (every
+   log the phases: interpreter and imports (spawn to ``daemon.starting``), the Spark
+   session (to the first ``relation.recovered``) and the relations' recovery (to
+   ``daemon.ready``); and the same directory's state files read alone in process (every
    relation's newest state loaded and parsed, ``StateStore.load_latest``), with the ratios
    of the daemon's times to it. The page cache is warm (the copy was just written).
 2. **Snapshot.** ``Relation.snapshot(1999)`` of the merge input (:func:`bench.dataset.
@@ -48,9 +48,9 @@ from bench.dataset import CACHE, SCHEMA, merge_input
 from bench.procs import median
 from lamina import Store
 from lamina.fs import FileSystem
-from lamina.layout import Layout
+from lamina.layout import Layout, TraceLayout
 from lamina.schema import RelationMeta
-from lamina.trace.batch import BatchDesc, batch_part_path, new_id, write_part
+from lamina.trace.batch import BatchDesc, new_id, write_part
 from lamina.trace.state import StateStore, TraceState
 
 NAME = "recovery"
@@ -68,7 +68,7 @@ def _tiny_batch(trace_dir: Path, meta: RelationMeta, lower: int, level: int) -> 
          pa.array(np.full(10, lower, dtype=np.uint64)), pa.array(np.ones(10, dtype=np.int64))],
         schema=meta.update_schema)
     bid = new_id("b")
-    part = write_part(FileSystem(), trace_dir, batch_part_path(bid, 0), meta.update_schema,
+    part = write_part(FileSystem(), trace_dir, TraceLayout.batch_part(bid, 0), meta.update_schema,
                       [table])
     return BatchDesc(id=bid, lower=lower, upper=lower + 100, since=0, level=level,
                      parts=(part,))
@@ -145,13 +145,13 @@ def _log_times(log: Path) -> dict[str, float]:
             continue
         name = event.get("event")
         when = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
-        if name == "compacter starting":
+        if name == "daemon.starting":
             out.setdefault("starting", when)
-        elif name == "relation recovered":
+        elif name == "relation.recovered":
             out.setdefault("first_recovered", when)
-        elif name == "compacter ready":
+        elif name == "daemon.ready":
             out["ready"] = when
-            out["recovery_seconds_metric"] = float(event.get("recovery_seconds", 0.0))
+            out["recovery_seconds_metric"] = float(event.get("duration_seconds", 0.0))
     return out
 
 

@@ -21,6 +21,21 @@ def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
     })
 
 
+# The suite runs on two pytest-xdist workers (pyproject.toml: -n 2 --dist loadgroup). A test
+# that uses one of these session-scoped fixtures joins that fixture's group, and a group runs
+# on one worker, so a run still starts one SparkSession, one PostgreSQL server and one S3
+# server; the other worker meanwhile runs what needs none of them.
+_GROUPS = {"spark": "spark", "pg_server": "postgres", "s3_server": "s3"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = next((g for fixture, g in _GROUPS.items() if fixture in names), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "lamina-data"

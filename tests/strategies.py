@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import strategies as st
 
+from lamina.frontier import CLOSED, MAX_TIME
 from lamina.schema import RelationMeta
-from lamina.wal.record import CLOSED, MAX_TIME
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

@@ -2,12 +2,15 @@
 
 The reference is a plain-Python oracle: a dict from (row, time) to the exact integer sum of
 diffs, with Python's unbounded ints, so an int64 wrap in pyarrow would show up as a
-mismatch and an overflow must surface as DiffOverflowError.
+mismatch. A sum outside int64 must surface as DiffOverflowError (with the other rows and
+the exact offending sums attached) where the result must be int64, and as a carry (exact,
+the canonical rows of :func:`lamina.consolidate.carry_pieces`) in the stored form.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
@@ -17,6 +20,8 @@ from hypothesis import strategies as st
 from lamina.consolidate import (
     INT64_MAX,
     INT64_MIN,
+    carries_only,
+    carry_pieces,
     consolidate,
     consolidate_updates,
     forward,
@@ -25,8 +30,8 @@ from lamina.consolidate import (
     sum_adjacent,
 )
 from lamina.errors import DiffOverflowError
+from lamina.frontier import CLOSED, MAX_TIME
 from lamina.schema import DIFF, TIME, RelationMeta
-from lamina.wal.record import CLOSED, MAX_TIME
 from tests.strategies import batches, schemas
 
 Row = tuple[int | None, str | None, int, int]  # k, s, _time, _diff
@@ -85,22 +90,69 @@ rows_strategy = st.lists(
 )
 
 
+def _exact(rows: list[Row]) -> list[tuple[object, ...]]:
+    """(k, s, _time, exact sum) per (k, s, _time) with a non-zero sum, in order."""
+    sums: dict[tuple[object, ...], int] = defaultdict(int)
+    for k, s, time, d in rows:
+        sums[(k, s, time)] += d
+    return sorted(((*key, v) for key, v in sums.items() if v != 0),
+                  key=lambda r: _order_key(r[:-1]))
+
+
 @settings(max_examples=300, deadline=None)
 @given(rows_strategy)
 def test_consolidate_matches_the_oracle(rows: list[Row]) -> None:
     """Rows equal in (k, s, _time) add their diffs exactly, zero sums vanish, the result is
-    ordered by k, s, _time with nulls first; a sum outside int64 raises DiffOverflowError
-    (never a wrapped value)."""
-    expected = _oracle(rows)
+    ordered by k, s, _time with nulls first; a sum outside int64 is stored as its carry
+    (never a wrapped value, never an error), and consolidating again changes nothing."""
     table = _table(rows)
-    if expected is None:
-        with pytest.raises(DiffOverflowError, match="outside the int64 range"):
-            consolidate_updates(table, ["k", "s"], ["k", "s"], context="t")
-        return
     out = consolidate_updates(table, ["k", "s"], ["k", "s"], context="t")
     assert out.column_names == ["k", "s", TIME, DIFF]
     assert out.schema.field(DIFF).type == pa.int64()
-    assert _rows_of(out) == expected
+    assert _rows_of(out) == [(*r[:-1], piece) for r in _exact(rows)
+                             for piece in carry_pieces(int(r[-1]))]  # type: ignore[call-overload]
+    assert carries_only(out, ["k", "s", TIME])
+    again = consolidate_updates(out, ["k", "s"], ["k", "s"], context="t")
+    assert _rows_of(again) == _rows_of(out)
+    if _oracle(rows) is not None:
+        assert _rows_of(out) == _oracle(rows)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_strategy)
+def test_overflow_error_carries_the_rest_and_the_exact_sums(rows: list[Row]) -> None:
+    """Where the result must be int64, a sum outside it raises DiffOverflowError naming the
+    first such row; ``rest`` is exactly the result without the offending rows and
+    ``overflows`` those rows with their exact sums, both in order."""
+    exact = _exact(rows)
+    fits = [r for r in exact if INT64_MIN <= r[-1] <= INT64_MAX]  # type: ignore[operator]
+    table = _table(rows)
+    if len(fits) == len(exact):
+        out = consolidate(table, ["k", "s", TIME], ["k", "s", TIME])
+        assert _rows_of(out) == exact
+        return
+    with pytest.raises(DiffOverflowError, match="outside the int64 range") as info:
+        consolidate(table, ["k", "s", TIME], ["k", "s", TIME], context="t")
+    err = info.value
+    assert err.rest is not None
+    assert err.overflows is not None
+    assert _rows_of(err.rest) == fits
+    assert err.rest.schema.field(DIFF).type == pa.int64()
+    assert _rows_of(err.overflows) == [(*r[:-1], Decimal(r[-1]))  # type: ignore[arg-type]
+                                       for r in exact if r not in fits]
+    first = exact[[r in fits for r in exact].index(False)]
+    assert f"sum to {first[-1]}," in str(err)
+
+
+def test_carry_pieces() -> None:
+    assert carry_pieces(2**63) == [INT64_MAX, 1]
+    assert carry_pieces(-(2**63)) == [INT64_MIN]  # fits int64: one row
+    assert carry_pieces(-(2**63) - 1) == [-INT64_MAX, -2]
+    assert carry_pieces(2 * INT64_MAX) == [INT64_MAX, INT64_MAX]
+    assert carry_pieces(5) == [5]
+    assert carry_pieces(-(3 * 2**62)) == [-INT64_MAX, -(2**62) - 1]
+    assert sum(carry_pieces(10**22)) == 10**22
+    assert len(carry_pieces(10**22)) == 10**22 // INT64_MAX + 1
 
 
 @settings(max_examples=200, deadline=None)

@@ -37,12 +37,12 @@ from lamina.schema import RelationMeta
 from lamina.store import Relation, Store
 from lamina.trace import reference
 from lamina.trace.batch import read_part
-from lamina.trace.plan import SegmentSpan, plan_conversion, plan_merge
+from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.state import StateStore, decode_state, state_file_name
 from lamina.trace.trace import Trace
-from lamina.wal.reader import finished_segments, updates_of
+from lamina.wal.reader import finished_segments, segment_spans, updates_of
 from lamina.wal.record import RecordType
-from lamina.wal.segment import read_frontiers, scan_buffer, scan_file
+from lamina.wal.segment import scan_buffer, scan_file
 from tests.trace.helpers import KEY, SCHEMA, Oracle, convert, pending_spans
 
 LAMINA = str(Path(sys.executable).with_name("lamina"))
@@ -256,11 +256,8 @@ def test_trace_steps_refuse_the_damage(damaged: Damaged) -> None:
     assert info.value.path == damaged.files["state"]
 
     seg_trace = Trace.open(root / "trace" / "seg", _meta(root, "seg"))
-    spans = []
-    for seg in finished_segments(root / "wal" / "seg"):  # as the compacter plans: frontiers
-        scan = read_frontiers(seg, "seg")               # only, payloads left to the step
-        spans.append(SegmentSpan(seg.seq, str(seg.path), scan.lower, scan.upper, scan.since,
-                                 scan.valid_end))
+    # As the compacter plans: frontiers only, payloads left to the step.
+    spans = list(segment_spans(root / "wal" / "seg", "seg"))
     plan = plan_conversion(seg_trace.state, spans)
     with pytest.raises(CorruptionError) as info:
         reference.convert(seg_trace, plan)

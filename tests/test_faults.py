@@ -1,4 +1,4 @@
-"""lamina.faults: the fault-injection storage shim works as the crash and failure suites
+"""lamina.testing.faults: the fault-injection storage shim works as the crash and failure suites
 assume — operations are numbered exactly, a crash happens at the chosen operation and
 nowhere else, and failures surface as StorageError from the layer above without leaving a
 half-published file."""
@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from lamina.errors import StorageError, WriterFailedError
-from lamina.faults import (
+from lamina.fs import FileSystem
+from lamina.store import Store
+from lamina.testing.faults import (
     OP_KINDS,
     CountingFileSystem,
     CrashingFileSystem,
@@ -23,8 +25,6 @@ from lamina.faults import (
     InjectingFileSystem,
     Op,
 )
-from lamina.fs import FileSystem
-from lamina.store import Store
 from lamina.trace import reference
 from lamina.trace.plan import plan_conversion
 from lamina.trace.trace import Trace
@@ -68,7 +68,7 @@ def test_injecting_counts_without_recording_by_default(tmp_path: Path) -> None:
 def _crash_child(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     code = textwrap.dedent(f"""
         from pathlib import Path
-        from lamina.faults import CrashingFileSystem
+        from lamina.testing.faults import CrashingFileSystem
         d = Path({str(tmp_path)!r})
     """) + textwrap.dedent(script)
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -209,3 +209,16 @@ def test_trace_conversion_failing_at_publication_changes_nothing(tmp_path: Path)
         reference.convert(fresh, plan_conversion(fresh.state, spans))
         fresh.delete_converted_segments(rel.wal_dir)
         check_snapshots(rel, oracle)
+
+
+def test_production_path_never_imports_the_test_seams() -> None:
+    """The fault-injection layers live in ``lamina.testing``, which nothing on the
+    production path imports: the library, the CLI, the daemon and the drill (which selects
+    its faults through fail points, not these file systems)."""
+    code = ("import sys, lamina, lamina.store, lamina.read, lamina.cli.main, "
+            "lamina.compacter.daemon, lamina.compacter.jobs, lamina.drill.driver, "
+            "lamina.drill.workload, lamina.verify\n"
+            "print(sorted(m for m in sys.modules if m.startswith('lamina.testing')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

@@ -84,7 +84,8 @@ def _names(d: Path) -> list[str]:
 
 def test_write_atomic_is_temp_sync_rename_syncdir(tmp_path: Path) -> None:
     """write_atomic writes a temp file in the same directory, fdatasyncs it, renames it
-    over the target and fsyncs the directory, in that order (DESIGN §7 rule 2); no temp
+    over the target and fsyncs the directory, in that order (crash-safety rule 2,
+    docs/architecture.md); no temp
     file is left and an existing file is replaced whole."""
     fs = RecordingFS()
     target = tmp_path / "state.json"

@@ -32,12 +32,13 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from lamina.errors import CorruptionError, LaminaError
+from lamina.frontier import CLOSED
 from lamina.fs import crc32c
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, PartFile
 from lamina.trace.state import PendingPart, TraceState, decode_state, encode_state
 from lamina.wal.reader import updates_of
-from lamina.wal.record import CLOSED, RecordType, encode_frontier, encode_updates, frame
+from lamina.wal.record import RecordType, encode_frontier, encode_updates, frame
 from lamina.wal.segment import encode_header, opening_records, scan_buffer
 
 SEED = int(os.environ.get("LAMINA_FUZZ_SEED", "20261121"))

@@ -1,4 +1,4 @@
-"""Power loss (lamina.faults.PowerLossFileSystem): a crash that drops or tears every byte
+"""Power loss (lamina.testing.faults.PowerLossFileSystem): a crash that drops or tears every byte
 not yet fdatasynced and undoes directory operations not yet made durable by a directory
 fsync, which kill -9 (the page cache survives it) cannot show.
 
@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 from lamina.errors import LaminaError, RelationNotFoundError
-from lamina.faults import Op, PowerCut, PowerLossFileSystem
 from lamina.fs import FileSystem
 from lamina.schema import RelationMeta
 from lamina.store import Relation, Store
+from lamina.testing.faults import Op, PowerCut, PowerLossFileSystem
 from lamina.trace.trace import Trace
 from lamina.verify import verify_store
 from tests.trace.helpers import (
@@ -464,7 +464,8 @@ def test_a_power_cut_after_a_killed_compacter_restarted_loses_nothing(tmp_path: 
     version (before the state directory was fsynced), restarts with the page cache intact
     (it reads that version and deletes the segments it converted), and then the power
     fails at any point of that recovery. The restarted compacter must make the state it
-    read durable before deleting the inputs it replaced (DESIGN §7 rule 3): no crash image
+    read durable before deleting the inputs it replaced (crash-safety rule 3,
+    docs/architecture.md): no crash image
     may lose an acknowledged update."""
     seed = SEED * 1000 + 5
     failures: list[str] = []

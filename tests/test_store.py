@@ -1,4 +1,4 @@
-"""lamina.store: the public write API of DESIGN §2 (Store, Relation), its read-back through
+"""lamina.store: the public write API of the README (Store, Relation), its read-back through
 snapshots, and its refusals: every bad call raises a typed LaminaError and leaves every
 byte of the data directory as it was.
 

@@ -5,8 +5,23 @@
   Sums are exact: when the largest diff magnitude times the number of updates is below
   2**63 no sum can leave int64 and pyarrow's int64 ``sum`` (which would wrap silently) is
   exact; otherwise diffs are added as decimal128(38, 0), which cannot overflow for fewer
-  than 2**64 updates, and a sum outside int64 raises DiffOverflowError instead of
-  wrapping. (The int64 path is about a fifth faster: ``python -m bench.profile sums``.)
+  than 2**64 updates. (The int64 path is about a fifth faster:
+  ``python -m bench.profile sums``.)
+- **Sums outside int64** are never wrapped or saturated. What happens depends on who
+  asked (``carry``):
+
+  * stored form (:func:`consolidate_updates`: batches and pending parts, written by the
+    reference executor and the Spark write tasks alike): the sum is kept exactly as a
+    *carry*, the fewest rows with that (row, time) whose diffs all have the sum's sign,
+    each ``±INT64_MAX`` but the last, which holds the remainder. Example: 2**63 is stored
+    as ``INT64_MAX, 1``. A carry has at most as many rows as the updates it sums, and it
+    folds back into one row as soon as later updates (a correction, forwarding by
+    ``since``) bring the sum into range. This is the only case where a batch holds two
+    rows equal in (row, time) (:func:`carries_only` checks it);
+  * results that must be int64 (a snapshot's ``_diff``, :func:`snapshot_of`):
+    DiffOverflowError naming the first offending row and its exact sum, with the
+    offending rows (``overflows``, exact decimal sums) and every other row (``rest``)
+    attached, so a caller can read the rest and nothing is dropped silently.
 - **Order**: key columns, then the other row columns, then ``_time``, nulls first
   (Spark's ascending order, so the Spark jobs and this module agree row for row).
 
@@ -23,11 +38,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lamina.errors import DiffOverflowError
+from lamina.frontier import as_time
 from lamina.schema import DIFF, TIME
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 _WIDE = pa.decimal128(38, 0)
+_SHOWN = 300  # characters of an offending row quoted in an error message
 
 
 def forward(table: pa.Table, since: int) -> pa.Table:
@@ -35,20 +52,9 @@ def forward(table: pa.Table, since: int) -> pa.Table:
     if since == 0 or table.num_rows == 0:
         return table
     times = table.column(TIME)
-    since_s = pa.scalar(min(since, 2**64 - 1), pa.uint64())
+    since_s = pa.scalar(as_time(since), pa.uint64())
     forwarded = pc.if_else(pc.less(times, since_s), since_s, times)
     return table.set_column(table.schema.get_field_index(TIME), TIME, forwarded)
-
-
-def checked_sum_to_int64(sums: pa.ChunkedArray | pa.Array, context: str) -> pa.Array:
-    """Cast exact decimal sums to int64, raising DiffOverflowError on any out-of-range value."""
-    lo, hi = pc.min_max(sums).values()
-    if lo.is_valid and (lo.as_py() < INT64_MIN or hi.as_py() > INT64_MAX):
-        bad = hi.as_py() if hi.as_py() > INT64_MAX else lo.as_py()
-        raise DiffOverflowError(
-            f"{context}: diffs of one row at one time sum to {bad}, outside the int64 range; "
-            "the updates were not applied - split or correct the offending diffs")
-    return pc.cast(sums, pa.int64())
 
 
 def _int64_sums_exact(diffs: pa.ChunkedArray | pa.Array) -> bool:
@@ -61,12 +67,14 @@ def _int64_sums_exact(diffs: pa.ChunkedArray | pa.Array) -> bool:
 
 
 def consolidate(table: pa.Table, group_columns: Sequence[str], order: Sequence[str],
-                *, context: str = "consolidation") -> pa.Table:
+                *, context: str = "consolidation", carry: bool = False) -> pa.Table:
     """Sum ``_diff`` over rows equal in ``group_columns``, drop zero sums, sort by ``order``.
 
-    The result has ``group_columns`` (in the table's column order) and ``_diff``."""
+    The result has ``group_columns`` (in the table's column order) and ``_diff``. A sum
+    outside int64 raises DiffOverflowError (with ``overflows`` and ``rest``), or with
+    ``carry`` is kept exactly as a carry (see the module docstring)."""
+    cols = [c for c in table.column_names if c in group_columns]
     if table.num_rows == 0:
-        cols = [c for c in table.column_names if c in group_columns]
         return table.select([*cols, DIFF])
     if _int64_sums_exact(table.column(DIFF)):
         grouped = table.group_by(list(group_columns), use_threads=True).aggregate(
@@ -76,12 +84,83 @@ def consolidate(table: pa.Table, group_columns: Sequence[str], order: Sequence[s
         wide = table.append_column("__wide", pc.cast(table.column(DIFF), _WIDE))
         grouped = wide.group_by(list(group_columns), use_threads=True).aggregate(
             [("__wide", "sum")])
-        diffs = checked_sum_to_int64(grouped.column("__wide_sum"), context)
-    cols = [c for c in table.column_names if c in group_columns]
+        sums = grouped.column("__wide_sum")
+        lo, hi = pc.min_max(sums).values()
+        if lo.as_py() < INT64_MIN or hi.as_py() > INT64_MAX:
+            keys = pa.Table.from_arrays([grouped.column(c) for c in cols], names=cols)
+            return _out_of_range(keys, sums, order, context=context, carry=carry)
+        diffs = pc.cast(sums, pa.int64())
     out = pa.Table.from_arrays([*(grouped.column(c) for c in cols), diffs],
                                names=[*cols, DIFF])
     out = out.filter(pc.not_equal(out.column(DIFF), 0))
     return sort(out, order)
+
+
+def carry_pieces(total: int) -> list[int]:
+    """The diffs a carry stores for ``total``: ``±INT64_MAX`` repeated, then the remainder
+    (no zero), all with the sign of ``total``; one value when ``total`` fits int64."""
+    if INT64_MIN <= total <= INT64_MAX:
+        return [total]
+    sign = -1 if total < 0 else 1
+    whole, rest = divmod(abs(total), INT64_MAX)
+    return [sign * INT64_MAX] * whole + ([sign * rest] if rest else [])
+
+
+def _out_of_range(keys: pa.Table, sums: pa.ChunkedArray, order: Sequence[str], *,
+                  context: str, carry: bool) -> pa.Table:
+    """Finish :func:`consolidate` when some exact sum leaves int64: carry, or raise."""
+    fits = pc.and_(pc.greater_equal(sums, pa.scalar(INT64_MIN, _WIDE)),
+                   pc.less_equal(sums, pa.scalar(INT64_MAX, _WIDE)))
+    rest = keys.filter(fits).append_column(DIFF, pc.cast(sums.filter(fits), pa.int64()))
+    rest = rest.filter(pc.not_equal(rest.column(DIFF), 0))
+    over_keys, over_sums = keys.filter(pc.invert(fits)), sums.filter(pc.invert(fits))
+    if carry:
+        index: list[int] = []
+        pieces: list[int] = []
+        for i, total in enumerate(over_sums.to_pylist()):
+            p = carry_pieces(int(total))
+            index.extend([i] * len(p))
+            pieces.extend(p)
+        carried = over_keys.take(pa.array(index, pa.int64())).append_column(
+            DIFF, pa.array(pieces, pa.int64()))
+        # sort_indices is stable: each carry keeps its pieces in carry_pieces order
+        return sort(pa.concat_tables([rest, carried]), order)
+    overflows = sort(over_keys.append_column(DIFF, over_sums), order)
+    first = overflows.slice(0, 1).to_pylist()[0]
+    total = first.pop(DIFF)
+    shown = repr(first)
+    if len(shown) > _SHOWN:
+        shown = shown[:_SHOWN] + "...}"
+    more = overflows.num_rows - 1
+    raise DiffOverflowError(
+        f"{context}: the diffs of row {shown} sum to {total}, outside the int64 range"
+        + (f" ({more} more rows overflow too)" if more else "")
+        + "; an int64 _diff cannot hold it. Nothing was dropped silently: the error's "
+        "'rest' holds every other row and 'overflows' the offending ones with their exact "
+        "sums. To make the row readable, append a correcting diff for it at a time at or "
+        "after the upper (see docs/operations.md, 'Diff overflow')",
+        overflows=overflows, rest=sort(rest, order))
+
+
+def carries_only(table: pa.Table, group_columns: Sequence[str]) -> bool:
+    """Whether every set of rows equal in ``group_columns`` is a single row or the carry
+    of a sum outside int64 (its diffs all of the sum's sign, and as few as
+    :func:`carry_pieces` makes): the only repeats a consolidated batch may hold."""
+    if table.num_rows == 0:
+        return True
+    wide = table.select(list(group_columns)).append_column(
+        "__wide", pc.cast(table.column(DIFF), _WIDE))
+    g = wide.group_by(list(group_columns)).aggregate(
+        [("__wide", "sum"), ("__wide", "count"), ("__wide", "min"), ("__wide", "max")])
+    repeated = g.filter(pc.greater(g.column("__wide_count"), 1))
+    for total, n, lo, hi in zip(*(repeated.column(f"__wide_{a}").to_pylist()
+                                  for a in ("sum", "count", "min", "max")), strict=True):
+        s = int(total)
+        if INT64_MIN <= s <= INT64_MAX or n != len(carry_pieces(s)):
+            return False
+        if (s > 0 and lo <= 0) or (s < 0 and hi >= 0):
+            return False
+    return True
 
 
 def _changes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -139,8 +218,10 @@ def sort(table: pa.Table, order: Sequence[str]) -> pa.Table:
 
 def consolidate_updates(table: pa.Table, row_columns: Sequence[str],
                         sort_columns: Sequence[str], *, context: str) -> pa.Table:
-    """Consolidate updates keeping ``_time``: the form stored in batches."""
-    return consolidate(table, [*row_columns, TIME], [*sort_columns, TIME], context=context)
+    """Consolidate updates keeping ``_time``: the form stored in batches and pending parts,
+    where a sum outside int64 is kept as a carry (never an error)."""
+    return consolidate(table, [*row_columns, TIME], [*sort_columns, TIME], context=context,
+                       carry=True)
 
 
 def snapshot_of(table: pa.Table, as_of: int, row_columns: Sequence[str],

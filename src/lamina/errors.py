@@ -4,7 +4,9 @@ The tree is small on purpose; callers catch a branch, not a leaf:
 
 - :class:`InvalidArgumentError` (also a ``ValueError``): the call was wrong and nothing
   was written. Leaves say which argument: names, schemas, times, frontiers, ``as_of``.
-- :class:`DiffOverflowError` (also an ``ArithmeticError``): diffs summed past int64.
+  :class:`DiffOutOfRangeError`: an appended ``_diff`` outside the per-update bound.
+- :class:`DiffOverflowError` (also an ``ArithmeticError``): diffs summed past int64 where
+  the sum must be an int64 (a snapshot row); carries the offending rows and the rest.
 - :class:`RelationNotFoundError`, :class:`RelationExistsError`.
 - :class:`LockedError`: another writer or compacter holds the lock.
 - :class:`CorruptionError`: stored bytes fail a checksum or an invariant; names the file
@@ -12,9 +14,17 @@ The tree is small on purpose; callers catch a branch, not a leaf:
   relation that was quarantined because of one.
 - :class:`StorageError`: the operating system failed a write, fsync, rename or read.
   :class:`WriterFailedError` follows one: the writer stopped and must be reopened.
+  :class:`ObjectNotFoundError` (also a ``FileNotFoundError``): no object under a key.
 - :class:`StateConflictError`: another writer published the trace state version first.
+  :class:`ObjectExistsError`: a conditional create found another writer's object.
+  :class:`StalePlanError`: a step was planned against a state this writer has since
+  replaced (re-plan from the state on disk; nothing is corrupt).
 - :class:`ConfigError`: settings could not be validated.
 - :class:`JobError`: a Spark job failed (after retries, where the caller retries).
+  :class:`JobCancelledError`: a job was cancelled (shutdown, a dropped relation).
+- :class:`SourceError`: an ingestion source failed: :class:`SourceTransientError` is
+  retried with backoff, :class:`SourceStalledError` (with a ``hint``) stalls outputs.
+  :class:`SourceProtocolError`: upstream bytes break the wire protocol (message, byte).
 
 Every message says what was wrong and what to do about it.
 """
@@ -22,6 +32,10 @@ Every message says what was wrong and what to do about it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class LaminaError(Exception):
@@ -52,8 +66,32 @@ class AsOfOutOfRangeError(InvalidArgumentError):
     """A read asked for ``as_of`` outside ``[since, upper)``."""
 
 
+class SubscriptionBehindError(AsOfOutOfRangeError):
+    """A subscription's frontier fell behind the relation's ``since``: the history it still
+    needed was compacted away (its times forwarded), so it cannot continue exactly. Start a
+    new subscription from a snapshot at a time in ``[since, upper)``."""
+
+
+class DiffOutOfRangeError(InvalidArgumentError):
+    """An appended ``_diff`` lies outside the per-update bound
+    (:data:`lamina.schema.MAX_DIFF`); the append wrote nothing."""
+
+
 class DiffOverflowError(LaminaError, ArithmeticError):
-    """Summing diffs of one row at one time left the int64 range."""
+    """The diffs of a row summed past int64 where the result must be an int64 (a snapshot's
+    ``_diff``). Stored batches never raise it: they keep such a sum exactly, as a carry
+    (:func:`lamina.consolidate.consolidate`).
+
+    ``overflows``: the offending rows with their exact sums (``_diff`` as
+    decimal128(38, 0)); ``rest``: every other row of the result, exact and in order, for a
+    caller that can do without the offending rows. Both are None where the error was
+    rebuilt from a message only (a Spark task's record)."""
+
+    def __init__(self, message: str, *, overflows: pa.Table | None = None,
+                 rest: pa.Table | None = None) -> None:
+        super().__init__(message)
+        self.overflows = overflows
+        self.rest = rest
 
 
 class RelationNotFoundError(LaminaError, LookupError):
@@ -77,6 +115,8 @@ class CorruptionError(LaminaError):
         if path is not None:
             where = f" [{path}" + (f" at byte {offset}" if offset is not None else "") + "]"
         super().__init__(message + where)
+        self.reason = message
+        """The message without the location (what travels from a Spark task)."""
         self.path = Path(path) if path is not None else None
         self.offset = offset
 
@@ -93,8 +133,24 @@ class WriterFailedError(StorageError):
     """A writer stopped after a write or fsync error; reopen the store to recover from disk."""
 
 
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """An object store has no object under the key asked for (also a ``FileNotFoundError``,
+    so code that treats a file vanishing under a reader as normal treats it the same)."""
+
+
 class StateConflictError(LaminaError):
     """Another writer published the trace state version this writer meant to publish."""
+
+
+class ObjectExistsError(StateConflictError):
+    """A conditional create (``ObjectStore.put_if_absent``) found another writer's object
+    under the key: the race for it was lost and nothing was written."""
+
+
+class StalePlanError(StateConflictError):
+    """A step's plan no longer matches the trace state it would be committed against (the
+    state moved on since the plan was made): nothing was committed and nothing is corrupt;
+    the caller re-plans from the state on disk."""
 
 
 class ConfigError(LaminaError, ValueError):
@@ -103,3 +159,35 @@ class ConfigError(LaminaError, ValueError):
 
 class JobError(LaminaError):
     """A Spark job failed."""
+
+
+class JobCancelledError(JobError):
+    """A compaction job was cancelled (shutdown, a dropped relation, an operator) before
+    its output was committed: nothing was committed; it runs again from its inputs."""
+
+
+class SourceError(LaminaError):
+    """An ingestion source failed to read its upstream."""
+
+
+class SourceTransientError(SourceError):
+    """An upstream error worth retrying (connection lost); the service retries with backoff."""
+
+
+class SourceProtocolError(SourceError):
+    """An upstream sent bytes that break its wire protocol; names the message and byte."""
+
+    def __init__(self, message: str, *, message_type: str = "?", offset: int = 0) -> None:
+        super().__init__(message)
+        self.message_type = message_type
+        self.offset = offset
+
+
+class SourceStalledError(SourceError):
+    """A definite upstream error: retrying cannot heal it; ``hint`` says what to do."""
+
+    def __init__(self, message: str, *, hint: str = "", table: str | None = None) -> None:
+        super().__init__(message + (f" ({hint})" if hint else ""))
+        self.error = message
+        self.hint = hint
+        self.table = table

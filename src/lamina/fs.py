@@ -1,16 +1,22 @@
 """The storage layer: every durable file operation lamina performs goes through a
 :class:`FileSystem`.
 
-Why a layer of its own: the crash-safety rules of DESIGN §7 live here, once, and the
-fault-injection shim of the tests (``lamina.faults``) subclasses it to fail, tear or drop
+Why a layer of its own: the crash-safety rules of docs/architecture.md live here, once, and the
+fault-injection shim of the tests (``lamina.testing.faults``) subclasses it to fail, tear or drop
 operations the way a failing disk or a power cut would, without patching anything.
 
 Rules kept here:
 
 - Publishing a file: write a temp file in the same directory, fsync it, rename (or link,
-  for an exclusive publish), fsync the directory (DESIGN §7 rule 2).
+  for an exclusive publish), fsync the directory (crash-safety rule 2, docs/architecture.md).
 - Every write is checked for short writes; ENOSPC and EIO come out as
   :class:`~lamina.errors.StorageError` naming the operation and the path.
+- A gathered write (``AppendFile.writev``: the WAL's records, header and Arrow buffers
+  written without first copying them into one buffer) goes through the ``os_writev``
+  primitive, short writes resumed mid-buffer. A subclass that overrides ``os_write`` but
+  not ``os_writev`` (a fault-injecting one written for plain writes) gets the buffers
+  joined and passed to its ``os_write`` instead, one call per ``writev``, so it sees every
+  byte lamina writes and the same operations as before gathered writes existed.
 - Creating or removing a directory entry fsyncs the parent directory.
 
 ``FileNotFoundError`` passes through untranslated where a caller treats a missing file as
@@ -23,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import crc32c as _crc32c
 
@@ -32,6 +39,8 @@ from lamina import failpoints
 from lamina.errors import StorageError
 
 TMP_SUFFIX = ".tmp"
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+"""The most buffers one ``writev`` takes."""
 
 
 if not _crc32c.hardware_based:  # pragma: no cover - depends on the CPU
@@ -75,8 +84,37 @@ class AppendFile:
             view = view[n:]
             self.size += n
 
+    def writev(self, buffers: Sequence[Any]) -> None:
+        """Write the concatenation of ``buffers`` (bytes-like objects: bytes, memoryviews,
+        ``pyarrow.Buffer``) at the end of the file, or raise ``StorageError``. One
+        ``writev`` when the kernel takes it all; a short write is resumed where it stopped
+        (possibly inside a buffer), never repeated."""
+        if not self._fs.native_writev:
+            self.write(b"".join(buffers))
+            return
+        pending = list(buffers)
+        while pending:
+            batch = pending[:IOV_MAX]
+            try:
+                n = self._fs.os_writev(self._fd, batch, self.path)
+            except OSError as exc:
+                raise _fail("write", self.path, exc) from exc
+            if n <= 0 and any(len(b) for b in batch):
+                raise StorageError(f"write made no progress on {self.path}")
+            self.size += n
+            done = 0  # buffers of the batch written whole
+            for b in batch:
+                if n < len(b):
+                    break
+                n -= len(b)
+                done += 1
+            if done < len(batch) and n:
+                pending[done] = memoryview(pending[done])[n:]
+            del pending[:done]
+
     def sync(self) -> None:
-        """fdatasync the file. An error here is fatal for the writer (DESIGN §7 rule 5)."""
+        """fdatasync the file. An error here is fatal for the writer (crash-safety rule 5,
+        docs/architecture.md)."""
         try:
             self._fs.os_fdatasync(self._fd, self.path)
         except OSError as exc:
@@ -154,9 +192,22 @@ class FileSystem:
     """Real file operations with lamina's durability rules. Subclasses may override the
     ``os_*`` primitives to inject faults; everything else is built on them."""
 
+    native_writev = True
+    """Whether ``AppendFile.writev`` calls :meth:`os_writev` (else it joins the buffers and
+    calls :meth:`os_write`): false for a subclass overriding ``os_write`` alone."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.native_writev = (cls.os_writev is not FileSystem.os_writev
+                             or cls.os_write is FileSystem.os_write)
+
     # --- primitives (the fault-injection seams) -------------------------------------
     def os_write(self, fd: int, data: memoryview, path: Path) -> int:
         return os.write(fd, data)
+
+    def os_writev(self, fd: int, buffers: Sequence[Any], path: Path) -> int:
+        """Write ``buffers`` (at most ``IOV_MAX``) in one gathered write; bytes written."""
+        return os.writev(fd, buffers)
 
     def os_fdatasync(self, fd: int, path: Path) -> None:
         os.fdatasync(fd)
@@ -324,3 +375,27 @@ class FileSystem:
             raise
         except OSError as exc:
             raise _fail("read", path, exc) from exc
+
+    def read_range(self, path: Path, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``path``, cut short at the end of the file (a ranged
+        read of the object store's ``file://`` layer). ``FileNotFoundError`` passes through."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise _fail("open", path, exc) from exc
+        try:
+            parts: list[bytes] = []
+            pos = start
+            while pos < end:
+                chunk = os.pread(fd, end - pos, pos)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                pos += len(chunk)
+            return b"".join(parts)
+        except OSError as exc:
+            raise _fail("read", path, exc) from exc
+        finally:
+            os.close(fd)

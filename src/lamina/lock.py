@@ -1,7 +1,8 @@
 """Exclusive advisory locks on files (``fcntl.flock``).
 
 Used for the one writer per relation (``wal/<relation>/LOCK``) and the one compacter per
-data directory (``compacter.lock``), DESIGN §7 rule 7. The lock dies with the process, so
+data directory (``compacter.lock``), crash-safety rule 7, docs/architecture.md. The lock dies with
+the process, so
 a crash never leaves a stale lock; the holder's pid is written into the file for the
 error message of the next comer.
 """

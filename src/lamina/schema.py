@@ -14,6 +14,25 @@ Row column types are those every part of the pipeline (Arrow IPC, Parquet, Spark
 and groups the same way: signed integers, float32/float64 (not float16: Arrow cannot sort
 it and Spark has no such type), bool, string, binary, date32, timestamp[us] and decimal128.
 ``_time`` (uint64) and ``_diff`` (int64) are reserved.
+
+**The diff bound.** An appended ``_diff`` must satisfy ``|_diff| <= MAX_DIFF = 2**62``;
+:func:`check_diffs` refuses a table with any other value (DiffOutOfRangeError, naming the
+update and the bound) before anything is written. Why a bound, and why this one:
+
+- every accepted diff can be retracted by appending its negation (``-(2**63)``, which
+  int64 holds but whose negation it does not, is refused);
+- a value near the int64 edge is nearly always a bug upstream (an ``INT64_MAX`` sentinel,
+  a wrapped subtraction): refused at append it is named with its row while the caller can
+  still fix it, instead of surfacing later as an overflowing sum;
+- any two accepted diffs sum to at most ``2**63`` in magnitude, so the issue's case (two
+  appends of ``2**63 - 1``) is refused, yet 2**62 leaves room for multiplicities far
+  beyond any count of real rows.
+
+No per-update bound can keep *sums* inside int64: one row at one time can be appended
+any number of times, and forwarding by ``since`` folds many times into one. Sums are
+therefore exact everywhere (decimal128 where int64 could wrap); stored batches keep a sum
+outside int64 as a carry, and only a result that must be an int64, a snapshot's
+``_diff``, raises DiffOverflowError, with the other rows attached (:mod:`lamina.consolidate`).
 """
 
 from __future__ import annotations
@@ -29,7 +48,7 @@ from functools import cached_property
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lamina.errors import CorruptionError, InvalidNameError, SchemaError
+from lamina.errors import CorruptionError, DiffOutOfRangeError, InvalidNameError, SchemaError
 
 FORMAT_VERSION = 1
 TIME = "_time"
@@ -195,6 +214,36 @@ def conform_updates(meta: RelationMeta, data: pa.Table | pa.RecordBatch) -> pa.T
             raise _nulls_error(field, col)
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=want)
+
+
+MAX_DIFF = 2**62
+"""The largest ``|_diff|`` an append accepts (see the module docstring)."""
+_SHOWN = 300  # characters of an offending update quoted in an error message
+
+
+def check_diffs(meta: RelationMeta, table: pa.Table) -> pa.Table:
+    """Return ``table`` (a conformed update table) if every ``_diff`` lies in
+    ``[-MAX_DIFF, MAX_DIFF]``; else raise DiffOutOfRangeError naming the first offending
+    update (its index, row, time and diff), how many there are, and the bound."""
+    diffs = table.column(DIFF)
+    lo, hi = pc.min_max(diffs).values()
+    if not lo.is_valid or (lo.as_py() >= -MAX_DIFF and hi.as_py() <= MAX_DIFF):
+        return table
+    bad = pc.or_(pc.less(diffs, pa.scalar(-MAX_DIFF, pa.int64())),
+                 pc.greater(diffs, pa.scalar(MAX_DIFF, pa.int64())))
+    index = pc.index(bad, True).as_py()
+    update = table.slice(index, 1).to_pylist()[0]
+    diff = update.pop(DIFF)
+    shown = repr(update)
+    if len(shown) > _SHOWN:
+        shown = shown[:_SHOWN] + "...}"
+    count = pc.sum(bad).as_py()
+    raise DiffOutOfRangeError(
+        f"updates for relation {meta.name!r}: update {index} {shown} has {DIFF} {diff}, "
+        f"outside the per-update bound [-2**62, 2**62]"
+        + (f" ({count - 1} more updates are outside it too)" if count > 1 else "")
+        + "; nothing was written. A value that large is usually a sentinel or a wrapped "
+        "number upstream; split a real multiplicity that large into several updates")
 
 
 def _nulls_error(field: pa.Field, col: pa.ChunkedArray) -> SchemaError:

@@ -1,20 +1,19 @@
 """Per-relation status, as ``lamina status`` prints it and ``/v1/relations`` serves it.
 
-Keys (DESIGN §3): ``name``, ``sealed_upper``, ``since``, ``trace_upper``,
+Keys (README, Command line): ``name``, ``sealed_upper``, ``since``, ``trace_upper``,
 ``wal_segments_pending``, ``wal_bytes_pending``, ``batches_by_level`` (level as a string
 to a count), ``trace_bytes``, ``quarantined``. Frontiers are integers; the empty frontier
-is ``2**64`` (lamina.CLOSED). Read from disk only, so it works with or without a daemon.
+is ``lamina.CLOSED`` (lamina.frontier). Read from disk only, so it works with or without a daemon.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lamina.errors import CorruptionError
+from lamina.errors import CorruptionError, RelationNotFoundError
 from lamina.layout import Layout
-from lamina.schema import RelationMeta
 from lamina.trace.view import current_state
-from lamina.wal.reader import finished_segments, frontiers
+from lamina.wal.reader import backlog, frontiers
 
 KEYS = ("name", "sealed_upper", "since", "trace_upper", "wal_segments_pending",
         "wal_bytes_pending", "batches_by_level", "trace_bytes", "quarantined")
@@ -28,11 +27,10 @@ def relation_status(layout: Layout, name: str) -> dict[str, Any]:
                trace_bytes=0, trace_upper=0)
     wal_dir = layout.wal_dir(name)
     try:
-        meta = RelationMeta.from_json((wal_dir / "relation.json").read_bytes(),
-                                      wal_dir / "relation.json")
+        meta = layout.read_meta(name)
         out["sealed_upper"], out["since"] = frontiers(wal_dir, name)
         state = current_state(layout, meta)
-    except FileNotFoundError:
+    except (FileNotFoundError, RelationNotFoundError):
         return out
     except CorruptionError:
         out["quarantined"] = True
@@ -43,13 +41,7 @@ def relation_status(layout: Layout, name: str) -> dict[str, Any]:
         out["trace_upper"] = state.upper
         out["batches_by_level"] = {str(k): v for k, v in state.batches_by_level().items()}
         out["trace_bytes"] = state.bytes
-    for seg in finished_segments(wal_dir):
-        if seg.seq > converted:
-            try:
-                out["wal_bytes_pending"] += seg.path.stat().st_size
-            except FileNotFoundError:
-                continue
-            out["wal_segments_pending"] += 1
+    out["wal_segments_pending"], out["wal_bytes_pending"] = backlog(wal_dir, converted)
     return out
 
 

@@ -1,4 +1,4 @@
-"""The public API: :class:`Store` and :class:`Relation` (DESIGN §2).
+"""The public API: :class:`Store` and :class:`Relation` (README, Using it).
 
 A Store is a data directory. Relations are created with a schema and key columns; a
 :class:`Relation` handle writes through a :class:`~lamina.wal.log.WalWriter`, taken on the
@@ -16,9 +16,10 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -29,22 +30,27 @@ from lamina.errors import (
     RelationNotFoundError,
 )
 from lamina.fs import FileSystem
-from lamina.layout import Layout
-from lamina.read import relation_frontiers, snapshot
-from lamina.schema import RelationMeta, conform_updates, validate_name
-from lamina.wal.log import FSYNC_POLICIES, LOCK_NAME, FsyncPolicy, WalWriter
+from lamina.layout import LOCK_NAME, META_NAME, Layout
+from lamina.read import snapshot
+from lamina.schema import RelationMeta, check_diffs, conform_updates, validate_name
+from lamina.wal.log import FSYNC_POLICIES, FsyncPolicy, WalWriter
+from lamina.wal.reader import frontiers
 from lamina.wal.segment import encode_header, opening_records, segment_name
 
-META_NAME = "relation.json"
+if TYPE_CHECKING:
+    from lamina.lookup import KeyIndex
+    from lamina.subscribe import Progress
+
 
 
 class Store:
     """A lamina data directory: ``wal/`` for the logs, ``trace/`` for the compacted trace."""
 
-    def __init__(self, root: Path, *, segment_bytes: int, fsync: FsyncPolicy,
-                 fsync_interval: float, fs: FileSystem) -> None:
+    def __init__(self, root: Path, *, segment_bytes: int, segment_max_age_seconds: float,
+                 fsync: FsyncPolicy, fsync_interval: float, fs: FileSystem) -> None:
         self.layout = Layout(root)
         self.segment_bytes = segment_bytes
+        self.segment_max_age_seconds = segment_max_age_seconds
         self.fsync: FsyncPolicy = fsync
         self.fsync_interval = fsync_interval
         self.fs = fs
@@ -54,21 +60,33 @@ class Store:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] = "lamina-data", *,
-             segment_bytes: int = 64 << 20, fsync: FsyncPolicy = "always",
-             fsync_interval: float = 0.1, fs: FileSystem | None = None) -> Store:
-        """Open (creating if needed) the data directory at ``path``."""
+             segment_bytes: int = 64 << 20, segment_max_age_seconds: float = 60.0,
+             fsync: FsyncPolicy = "always", fsync_interval: float = 0.1,
+             fs: FileSystem | None = None) -> Store:
+        """Open (creating if needed) the data directory at ``path``.
+
+        A WAL segment finishes (and becomes work for the compacter) at a seal once it has
+        passed ``segment_bytes``, or once it is older than ``segment_max_age_seconds`` and
+        holds an update or an advanced upper; closing the store finishes every open
+        segment that holds either. Smaller targets mean more, smaller segments (the
+        compacter converts many in one job) and a trace that keeps closer to the upper."""
         if fsync not in FSYNC_POLICIES:
             raise InvalidArgumentError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
             raise InvalidArgumentError(f"segment_bytes must be an int >= 4096, got "
                                        f"{segment_bytes!r}")
+        if isinstance(segment_max_age_seconds, bool) or not (
+                isinstance(segment_max_age_seconds, int | float) and segment_max_age_seconds > 0):
+            raise InvalidArgumentError(f"segment_max_age_seconds must be a number > 0, got "
+                                       f"{segment_max_age_seconds!r}")
         if not fsync_interval > 0:
             raise InvalidArgumentError(f"fsync_interval must be > 0, got {fsync_interval!r}")
         root = Path(path)
         fs = fs or FileSystem()
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{root} exists and is not a directory")
-        store = cls(root, segment_bytes=segment_bytes, fsync=fsync,
+        store = cls(root, segment_bytes=segment_bytes,
+                    segment_max_age_seconds=float(segment_max_age_seconds), fsync=fsync,
                     fsync_interval=fsync_interval, fs=fs)
         fs.makedirs(store.layout.wal)
         fs.makedirs(store.layout.trace)
@@ -114,17 +132,8 @@ class Store:
             rel = self._relations.get(name)
             if rel is not None and not rel.dropped:
                 return rel
-            meta_path = self.layout.wal_dir(name) / META_NAME
-            try:
-                data = meta_path.read_bytes()
-            except FileNotFoundError:
-                raise RelationNotFoundError(
-                    f"relation {name!r} does not exist in {self.layout.root}; existing: "
-                    f"{self.relations()}") from None
+            meta = self.layout.read_meta(name)
             self.layout.check_not_quarantined(name)
-            meta = RelationMeta.from_json(data, meta_path)
-            if meta.name != name:
-                raise CorruptionError(f"relation.json names {meta.name!r}", path=meta_path)
             rel = Relation(self, meta)
             self._relations[name] = rel
             return rel
@@ -178,6 +187,7 @@ class Relation:
         self.dropped = False
         self._writer: WalWriter | None = None
         self._mu = threading.Lock()
+        self._key_index: KeyIndex | None = None  # part footers kept between lookups
 
     @property
     def name(self) -> str:
@@ -209,12 +219,14 @@ class Relation:
                     self._writer = WalWriter(self.wal_dir, self.name, fs=self.store.fs,
                                              fsync=self.store.fsync,
                                              segment_bytes=self.store.segment_bytes,
+                                             segment_max_age=self.store.segment_max_age_seconds,
                                              fsync_interval=self.store.fsync_interval)
             return self._writer
 
     @contextlib.contextmanager
     def _quarantine_on_corruption(self) -> Iterator[None]:
-        """Corruption found by this process quarantines the relation (DESIGN §4): the
+        """Corruption found by this process quarantines the relation (docs/architecture.md, torn
+        tail vs corruption): the
         marker stops the compacter and other writers until an operator repairs it."""
         try:
             yield
@@ -224,7 +236,7 @@ class Relation:
 
     def append(self, updates: pa.Table | pa.RecordBatch) -> None:
         """Append updates (row columns + ``_time`` + ``_diff``); durable on return."""
-        table = conform_updates(self.meta, updates)
+        table = check_diffs(self.meta, conform_updates(self.meta, updates))
         self._writer_or_open().append(table)
 
     def seal(self, upper: int) -> None:
@@ -248,7 +260,7 @@ class Relation:
         if self._writer is not None:
             return self._writer.upper, self._writer.since
         with self._quarantine_on_corruption():
-            return relation_frontiers(self.wal_dir, self.name)
+            return frontiers(self.wal_dir, self.name)
 
     def snapshot(self, as_of: int) -> pa.Table:
         """The consolidated rows at ``as_of`` with their ``_diff``, ordered by key."""
@@ -256,9 +268,53 @@ class Relation:
         with self._quarantine_on_corruption():
             return snapshot(self.store.layout, self.meta, as_of, upper=upper, since=since)
 
+    def snapshot_reader(self, as_of: int) -> pa.RecordBatchReader:
+        """The rows of :meth:`snapshot` as a stream of record batches in key order, read in
+        bounded memory (lamina.stream); ``duckdb.from_arrow(reader)`` and
+        ``polars.from_arrow(reader)`` take it as it is (docs/reading.md)."""
+        from lamina.stream import snapshot_batches
+
+        upper, since = self._frontiers()
+        with self._quarantine_on_corruption():
+            return snapshot_batches(self.store.layout, self.meta, as_of, upper=upper,
+                                    since=since)
+
+    def lookup(self, keys: pa.Table | Mapping[str, Any], as_of: int) -> pa.Table:
+        """The consolidated rows at ``as_of`` whose key columns equal one of ``keys`` (a
+        table of the key columns, or a mapping ``pa.table()`` accepts), ordered like a
+        snapshot; reads only the row groups whose key range can hold them
+        (lamina.lookup)."""
+        from lamina.lookup import KeyIndex, lookup
+
+        upper, since = self._frontiers()
+        if self._key_index is None:
+            self._key_index = KeyIndex()
+        with self._quarantine_on_corruption():
+            return lookup(self.store.layout, self.meta, keys, as_of, upper=upper,
+                          since=since, index=self._key_index)
+
+    def subscribe(self, as_of: int, *, snapshot: bool = True,
+                  stop: threading.Event | None = None,
+                  max_wait: float = 0.05) -> Iterator[pa.Table | Progress]:
+        """The snapshot at ``as_of`` (unless ``snapshot=False``: the caller already holds
+        it), then each newly sealed interval's consolidated updates, each followed by a
+        :class:`lamina.Progress`; ends after ``Progress(CLOSED)`` or once ``stop`` is set.
+        Resume after ``Progress(u)`` with ``subscribe(u - 1, snapshot=False)``
+        (lamina.subscribe)."""
+        from lamina.subscribe import subscribe
+
+        self._check_usable()
+        return subscribe(self.store.layout, self.meta, as_of, snapshot=snapshot, stop=stop,
+                         max_wait=max_wait)
+
+    def close(self) -> None:
+        """Release the writer, finishing an open segment that holds something to convert.
+        The handle stays usable: a later write takes the writer again."""
+        self._close()
+
     def _close(self) -> None:
         with self._mu:
             if self._writer is not None:
-                self._writer.close()
+                self._writer.close(finish=True)
                 self._writer = None
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lamina.errors import CorruptionError, LaminaError
+from lamina.errors import CorruptionError, LaminaError, RelationNotFoundError
 from lamina.fs import FileSystem
-from lamina.layout import Layout
-from lamina.schema import RelationMeta
+from lamina.layout import Layout, TraceLayout
 from lamina.trace.invariants import check_data, check_state
 from lamina.trace.state import StateStore
-from lamina.trace.trace import DATA_DIRS
 from lamina.wal.reader import updates_of
 from lamina.wal.segment import list_segments, scan_file
 
@@ -47,9 +45,8 @@ def verify_relation(layout: Layout, name: str) -> RelationReport:
         report.problems.append(f"quarantined: {reason}")
     wal_dir = layout.wal_dir(name)
     try:
-        meta = RelationMeta.from_json((wal_dir / "relation.json").read_bytes(),
-                                      wal_dir / "relation.json")
-    except (CorruptionError, FileNotFoundError) as exc:
+        meta = layout.read_meta(name)
+    except (CorruptionError, RelationNotFoundError) as exc:
         report.problems.append(str(exc))
         return report
     converted = 0
@@ -104,7 +101,7 @@ def _unnamed_files(trace_dir: Path, store: StateStore) -> int:
     named: set[str] = set()
     for v in store.versions():
         named |= store.load(v).files()
-    return sum(1 for sub in DATA_DIRS for p in (trace_dir / sub).rglob("*")
+    return sum(1 for sub in TraceLayout.DATA_DIRS for p in (trace_dir / sub).rglob("*")
                if p.is_file() and p.relative_to(trace_dir).as_posix() not in named)
 
 

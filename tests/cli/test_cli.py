@@ -16,10 +16,9 @@ from lamina.drill.oracle import Oracle
 from lamina.status import KEYS
 from lamina.store import Store
 from lamina.trace import reference
-from lamina.trace.plan import SegmentSpan, plan_conversion, plan_merge
+from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
-from lamina.wal.reader import finished_segments
-from lamina.wal.segment import scan_file
+from lamina.wal.reader import segment_spans
 
 LAMINA = str(Path(sys.executable).with_name("lamina"))
 
@@ -39,11 +38,8 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Oracle]:
     with Store.open(data) as store:
         rel = store.relation("drill")
         trace = Trace.open(store.layout.trace_dir("drill"), rel.meta)
-        segs = finished_segments(rel.wal_dir)
-        for seg in segs[: len(segs) // 2]:
-            scan, raw = scan_file(seg, "drill")
-            span = SegmentSpan(seg.seq, str(seg.path), scan.lower, scan.upper, scan.since,
-                               len(raw))
+        spans = list(segment_spans(rel.wal_dir, "drill"))
+        for span in spans[: len(spans) // 2]:
             reference.convert(trace, plan_conversion(trace.state, [span]))
             while (plan := plan_merge(trace.state)) is not None:
                 reference.merge(trace, plan)

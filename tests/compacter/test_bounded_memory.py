@@ -1,4 +1,4 @@
-"""Bounded memory (DESIGN §6, issue 4 point 7): the daemon converts a WAL backlog several
+"""Bounded memory (docs/operations.md, issue 4 point 7): the daemon converts a WAL backlog several
 times larger than its driver memory setting, and no process of it ever holds the relation.
 
 A coordinator (this test, through ``lamina.Store``) first writes about 1.9 GB of updates

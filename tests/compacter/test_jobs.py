@@ -31,9 +31,10 @@ from lamina.compacter.jobs import (
     spark_merge,
 )
 from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
-from lamina.consolidate import sort
-from lamina.errors import CorruptionError, DiffOverflowError, JobError
+from lamina.consolidate import INT64_MAX, sort
+from lamina.errors import CorruptionError, JobError
 from lamina.trace import reference
+from lamina.trace.batch import read_part
 from lamina.trace.pending import bucket_of
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.wal.record import HEADER_SIZE, RecordType, read_frame
@@ -263,22 +264,32 @@ def _finish(w: Workload) -> Any:
 # --- errors ------------------------------------------------------------------------------------
 
 @pytest.mark.spark
-def test_diff_overflow_raises(sp: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tuning", [JobTuning(), SPLIT], ids=["whole", "split"])
+def test_diff_overflow_is_carried(sp: Any, tmp_path: Path, tuning: JobTuning) -> None:
+    """A (row, time) whose exact sum leaves int64 is stored as a carry (lamina.consolidate)
+    by the Spark write tasks exactly as by the reference, row for row; a sum whose partial
+    sums leave int64 but whose total fits is one row; nothing raises, nothing wraps."""
     w = open_workload(tmp_path / "d", INT_KEY, ["id"])
     row = {"id": 1, "item": "a", "note": "n", "score": 0.5, "_time": 2}
-    # the partial sums overflow in between, the total fits: only a true overflow raises
     w.rel.append(table_of(INT_KEY, [dict(row, _diff=2**62), dict(row, _diff=2**62),
                                     dict(row, _diff=-(2**62)), dict(row, id=2, _diff=2**62),
-                                    dict(row, id=2, _diff=2**62)]))
+                                    dict(row, id=2, _diff=2**62), dict(row, id=3, _diff=-5),
+                                    dict(row, id=2, _time=10**6, _diff=2**62),
+                                    dict(row, id=2, _time=10**6, _diff=2**62)]))
     w.rel.seal(5)
     segs = _finish(w)
     trace = w.trace()
     plan = plan_conversion(trace.state, segs)
-    with pytest.raises(DiffOverflowError) as ref_err:
-        reference.run_conversion(w.fork(trace, "ref"), plan)
-    with pytest.raises(DiffOverflowError) as err:
-        spark_convert(sp, trace, plan)
-    assert str(err.value) == str(ref_err.value)
+    ref = w.fork(trace, "ref")
+    want = reference.run_conversion(ref, plan)
+    got = spark_convert(sp, trace, plan, tuning=tuning)
+    assert_same_conversion(trace, got, ref, want, plan=plan)
+    rows = [(r["id"], r["_time"], r["_diff"])
+            for r in pa.concat_tables(read_part(ref.dir, p) for p in want[0]).to_pylist()
+            if r["id"] != 0]
+    assert rows == [(1, 2, 2**62), (2, 2, INT64_MAX), (2, 2, 1), (3, 2, -5)]
+    pending = pa.concat_tables(read_part(ref.dir, p.part) for p in want[1])
+    assert pending.column("_diff").to_pylist() == [INT64_MAX, 1]  # carried in pending too
 
 
 @pytest.mark.spark
@@ -382,6 +393,37 @@ def test_cancel_a_tagged_step_from_another_thread(sp: Any) -> None:
     assert tags.running() == []
     assert not tags.cancel("lamina-rel-test")  # nothing runs under it any more
     assert tags.run("lamina-rel-test", lambda: 42) == 42  # a new step starts afresh
+
+
+@pytest.mark.spark
+def test_a_cancel_before_the_job_reaches_spark_still_cancels_it(sp: Any) -> None:
+    """The step passed its last check and has not submitted its job yet when the cancel
+    comes: Spark has nothing to cancel then, so the cancel is repeated until the job that
+    follows is gone too."""
+    tags = JobTags(sp)
+    passed_check = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def work() -> Any:
+        check_cancelled()
+        passed_check.set()
+        time.sleep(1.0)  # the cancel lands here, before the job exists
+        return sp.range(0, 2, 1, 2).mapInArrow(_sleepy, "id bigint").collect()
+
+    def step() -> None:
+        try:
+            tags.run("lamina-rel-late", work, "a step cancelled before its job")
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    t = threading.Thread(target=step)
+    t.start()
+    assert passed_check.wait(30)
+    assert tags.cancel("lamina-rel-late")
+    t.join(40)  # the job sleeps 60 s per task when not cancelled
+    assert not t.is_alive()
+    assert isinstance(outcome[0], JobCancelledError)
 
 
 WIDE = pa.schema([

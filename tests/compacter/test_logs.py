@@ -1,20 +1,28 @@
-"""configure_logging: JSON lines with the keys the daemon binds, stdlib routing, console."""
+"""configure_logging: JSON lines with the keys the daemon binds, stdlib routing, console;
+and the daemon's own lines keeping that contract."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import os
 import re
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 from structlog.contextvars import bound_contextvars
 
+from lamina.compacter.daemon import Daemon
 from lamina.compacter.logs import NOISY_LOGGERS, configure_logging
+from lamina.drill.procs import free_port
 from lamina.errors import ConfigError
+from tests.compacter.backlog import backlog, settings, until
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
@@ -128,3 +136,47 @@ def test_reconfiguring_replaces_the_handler() -> None:
 def test_bad_level_is_config_error() -> None:
     with pytest.raises(ConfigError, match="unknown log level"):
         configure_logging("json", "loud")
+
+
+DOTTED = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
+
+
+def test_the_daemon_keeps_the_contract(tmp_path: Path) -> None:
+    """A real in-process daemon run (conversions, merges, GC, SIGTERM) logs only dotted
+    event names, from per-module loggers, with durations as ``duration_seconds``; a
+    merge's level is ``batch_level`` and ``level`` stays the log level."""
+    backlog(tmp_path, rounds=16)  # 8 segments: 4 conversions, 3 merges
+    daemon = Daemon(settings(tmp_path, http=f"127.0.0.1:{free_port()}",
+                             max_segments_per_job=2, gc_interval_seconds=0.01,
+                             gc_grace_seconds=0, keep_versions=1))
+    buf = io.StringIO()
+    configure_logging("json", "info", stream=buf)
+
+    async def run() -> int:
+        task = asyncio.create_task(daemon.run())
+        await until("merges and a GC", lambda: '"gc.collected"' in buf.getvalue()
+                    and buf.getvalue().count('"merge.committed"') >= 2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(run()) == 0
+    recs = lines(buf)
+    by_event: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_event.setdefault(r["event"], []).append(r)
+        assert DOTTED.match(r["event"]), r
+        assert r["level"] in ("debug", "info", "warning", "error", "critical"), r
+        assert "seconds" not in r, r
+    for event in ("daemon.starting", "daemon.ready", "shutdown.requested", "daemon.stopped"):
+        assert by_event[event][0]["logger"] == "lamina.compacter.daemon", event
+    for event in ("relation.recovered", "conversion.started", "conversion.committed",
+                  "merge.started", "merge.committed", "gc.collected"):
+        assert by_event[event][0]["logger"] == "lamina.compacter.pipeline", event
+        assert by_event[event][0]["relation"] == "orders"
+    merge = by_event["merge.committed"][0]
+    assert merge["level"] == "info"
+    assert merge["batch_level"] == 0
+    assert merge["batch_level_out"] == 1
+    for event in ("conversion.committed", "merge.committed", "gc.collected",
+                  "relation.recovered", "daemon.stopped"):
+        assert all(isinstance(r["duration_seconds"], float) for r in by_event[event]), event

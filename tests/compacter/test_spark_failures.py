@@ -201,7 +201,7 @@ def test_task_worker_and_executor_failures_are_retried(tmp_path: Path) -> None:
         assert daemon.wait(90) == 0
 
     failed = [str(e.get("error")) for e in _events(log)
-              if e.get("event") == "conversion failed; retrying"]
+              if e.get("event") == "conversion.retrying"]
     assert any("fail point fs.before_rename" in f for f in failed), failed
     assert any("Python worker exited unexpectedly" in f for f in failed), failed
     assert retries >= len(failed) >= 2

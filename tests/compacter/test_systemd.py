@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lamina.compacter.systemd import Notifier, watchdog_interval
+from lamina.service.systemd import Notifier, watchdog_interval
 
 
 def receive(sock: socket.socket) -> str:

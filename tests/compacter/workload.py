@@ -18,11 +18,11 @@ import pyarrow as pa
 from lamina.schema import RelationMeta
 from lamina.store import Relation, Store
 from lamina.trace.batch import PartFile, read_part
-from lamina.trace.plan import ConversionPlan, MergePlan, SegmentSpan
+from lamina.trace.plan import ConversionPlan, MergePlan
 from lamina.trace.state import PendingPart
 from lamina.trace.trace import Trace
-from lamina.wal.reader import finished_segments, segment_updates
-from lamina.wal.segment import SegmentFile, scan_file
+from lamina.wal.reader import SegmentSpan, segment_spans, segment_updates
+from lamina.wal.segment import SegmentFile
 
 if TYPE_CHECKING:
     from lamina.compacter.jobs import ConversionResult
@@ -145,14 +145,7 @@ def drive(w: Workload, rng: random.Random, *, steps: int, rows_per_step: int, ke
 
 def spans(trace: Trace, wal_dir: Path) -> list[SegmentSpan]:
     """Finished segments not yet converted by ``trace``, as the compacter describes them."""
-    out = []
-    for seg in finished_segments(wal_dir):
-        if seg.seq <= trace.state.converted_through:
-            continue
-        scan, _ = scan_file(seg, trace.meta.name)
-        out.append(SegmentSpan(seg.seq, str(seg.path), scan.lower, scan.upper, scan.since,
-                               seg.path.stat().st_size))
-    return out
+    return list(segment_spans(wal_dir, trace.meta.name, after=trace.state.converted_through))
 
 
 # --- comparing outputs ------------------------------------------------------------------------

@@ -352,7 +352,7 @@ class FakeDaemon:
                  extra_env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         with log_path.open("a") as f:
-            f.write('{"event": "compacter ready", "level": "info"}\n')
+            f.write('{"event": "daemon.ready", "level": "info"}\n')
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 
     def get(self, path: str) -> tuple[int, bytes]:

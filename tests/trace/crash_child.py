@@ -34,8 +34,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from lamina.faults import CountingFileSystem, CrashingFileSystem, InjectingFileSystem
 from lamina.store import Store
+from lamina.testing.faults import CountingFileSystem, CrashingFileSystem, InjectingFileSystem
 from lamina.trace.trace import Trace
 from tests.trace import helpers
 from tests.trace.helpers import NAME

@@ -17,15 +17,15 @@ from typing import Any
 import pyarrow as pa
 
 from lamina.fs import TMP_SUFFIX, FileSystem
+from lamina.layout import TraceLayout
 from lamina.schema import RelationMeta
 from lamina.store import Relation
 from lamina.trace import reference
 from lamina.trace.invariants import check_data, check_state
-from lamina.trace.plan import SegmentSpan, plan_conversion, plan_merge
+from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.state import StateStore, TraceState
-from lamina.trace.trace import DATA_DIRS, Trace
-from lamina.wal.reader import finished_segments
-from lamina.wal.segment import scan_file
+from lamina.trace.trace import Trace
+from lamina.wal.reader import SegmentSpan, segment_spans
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
 KEY = ["id"]
@@ -60,7 +60,7 @@ def table_of(rows: Sequence[Update]) -> pa.Table:
 @dataclass
 class Oracle:
     """Every update ever appended, and the frontiers: the truth snapshots are checked
-    against. ``snapshot`` follows DESIGN §1 literally."""
+    against. ``snapshot`` follows the model of docs/architecture.md literally."""
 
     updates: list[Update] = field(default_factory=list)
     upper: int = 0
@@ -131,14 +131,7 @@ def check_snapshots(rel: Relation, oracle: Oracle, points: Iterable[int] | None 
 
 def pending_spans(trace: Trace, wal_dir: Path) -> list[SegmentSpan]:
     """Finished WAL segments the trace has not converted yet, in order."""
-    spans = []
-    for seg in finished_segments(wal_dir):
-        if seg.seq <= trace.state.converted_through:
-            continue
-        scan, _ = scan_file(seg, trace.meta.name)
-        spans.append(SegmentSpan(seg.seq, str(seg.path), scan.lower, scan.upper, scan.since,
-                                 seg.path.stat().st_size))
-    return spans
+    return list(segment_spans(wal_dir, trace.meta.name, after=trace.state.converted_through))
 
 
 def convert(trace: Trace, wal_dir: Path, *, per_plan: int = 1, limit: int | None = None,
@@ -218,7 +211,7 @@ def check_trace(trace_dir: Path, meta: RelationMeta) -> TraceState | None:
 def data_files(trace_dir: Path) -> set[str]:
     """Every file under the data directories (batches/, pending/), relative to trace_dir."""
     out: set[str] = set()
-    for sub in DATA_DIRS:
+    for sub in TraceLayout.DATA_DIRS:
         root = trace_dir / sub
         if root.exists():
             out.update(p.relative_to(trace_dir).as_posix() for p in root.rglob("*")

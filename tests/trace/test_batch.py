@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina.errors import CorruptionError
-from lamina.faults import CountingFileSystem
 from lamina.fs import FileSystem, crc32c
+from lamina.layout import TraceLayout
+from lamina.testing.faults import CountingFileSystem
 from lamina.trace.batch import (
     BatchDesc,
     PartFile,
-    batch_part_path,
     new_id,
     read_part,
     write_part,
@@ -30,7 +30,7 @@ ROWS = table_of([(1, "a", 0, 1), (1, "b", 3, -2), (2, "a", 1, 5)]).cast(UPDATE_S
 
 
 def _write(tmp_path: Path, tables: list[pa.Table] | None = None) -> PartFile:
-    return write_part(FileSystem(), tmp_path, batch_part_path("b1", 0), UPDATE_SCHEMA,
+    return write_part(FileSystem(), tmp_path, TraceLayout.batch_part("b1", 0), UPDATE_SCHEMA,
                       [ROWS] if tables is None else tables)
 
 
@@ -55,9 +55,10 @@ def test_several_tables_and_empty_ones_make_one_file(tmp_path: Path) -> None:
 
 
 def test_publication_is_temp_fsync_rename_dir_fsync(tmp_path: Path) -> None:
-    """DESIGN §7 rule 2: written to a temp file, fdatasynced, renamed, directory synced."""
+    """crash-safety rule 2, docs/architecture.md: written to a temp file, fdatasynced, renamed,
+    directory synced."""
     fs = CountingFileSystem()
-    write_part(fs, tmp_path, batch_part_path("b2", 0), UPDATE_SCHEMA, [ROWS])
+    write_part(fs, tmp_path, TraceLayout.batch_part("b2", 0), UPDATE_SCHEMA, [ROWS])
     kinds = [op.kind for op in fs.ops]
     tail = kinds[kinds.index("fdatasync"):]
     assert tail == ["fdatasync", "rename", "fsync_dir"]
@@ -129,7 +130,8 @@ def test_description_round_trip_and_totals_check() -> None:
 
 
 def test_ids_are_fresh() -> None:
-    """DESIGN §7 rule 4: a re-run writes under new names, never over an old file."""
+    """crash-safety rule 4, docs/architecture.md: a re-run writes under new names, never over an
+    old file."""
     ids = {new_id("b") for _ in range(1000)}
     assert len(ids) == 1000
     assert all(i.startswith("b") and len(i) == 17 for i in ids)

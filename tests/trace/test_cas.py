@@ -1,4 +1,5 @@
-"""Two writers racing on one trace state (DESIGN §5, §7 rule 7): the compare-and-set of
+"""Two writers racing on one trace state (trace invariants and crash-safety rule 7,
+docs/architecture.md): the compare-and-set of
 state versions is the fence.
 
 Both writers plan from version N and write their data files; both commit. Exactly one

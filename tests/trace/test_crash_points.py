@@ -1,4 +1,5 @@
-"""Crash-safety of every compacter step (DESIGN §5, §7): a kill -9 between ANY two file
+"""Crash-safety of every compacter step (trace invariants and crash-safety rules,
+docs/architecture.md): a kill -9 between ANY two file
 operations of a conversion (compare-and-append plus deletion of the converted segments),
 of a cascade of merges, or of garbage collection loses nothing and counts nothing twice.
 

@@ -1,4 +1,4 @@
-"""lamina.trace.invariants: each invariant of DESIGN §5, broken by hand, is caught as
+"""lamina.trace.invariants: each invariant of the module, broken by hand, is caught as
 CorruptionError (state invariants 1-6 by check_state; row invariants 7-8 by check_rows
 and check_data), and sound states and batches pass."""
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lamina.frontier import MAX_TIME
 from lamina.trace.pending import bucket_of, split_by_bucket
-from lamina.wal.record import MAX_TIME
 from tests.trace.helpers import table_of
 
 times = st.one_of(st.integers(0, MAX_TIME), st.integers(0, 1000),

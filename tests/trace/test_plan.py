@@ -1,7 +1,7 @@
 """lamina.trace.plan: plans are pure functions of the state and the segments' frontiers.
 A conversion only takes consecutive segments starting right at the trace (a gap is
 corruption, never skipped); merges take the oldest adjacent equal-level pair and the
-level rule is DESIGN §5's."""
+level rule is the one of docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def test_merge_takes_the_oldest_equal_level_pair() -> None:
     (0, 0, 1, 3),
 ])
 def test_merged_level_rule(left: int, right: int, rows: int, level: int) -> None:
-    """DESIGN §5: level L+1 iff the merged batch holds more rows than both parents."""
+    """docs/architecture.md, merge levels: level L+1 iff the merged batch holds more rows than both
+    parents."""
     plan = MergePlan(0, batch(0, 0, 1, 2, left), batch(1, 1, 2, 2, right), 0, "bm")
     assert merged_level(plan, rows) == level

@@ -9,7 +9,8 @@ every step it proves:
 - the state on disk is the writer's state and passes every state and data invariant
   (lamina.trace.invariants: contiguous batches, levels, since, sorted consolidated rows,
   checksums);
-- ``rel.snapshot(as_of)`` equals the oracle's snapshot (DESIGN §1, computed from a list of
+- ``rel.snapshot(as_of)`` equals the oracle's snapshot (the model of docs/architecture.md, computed
+from a list of
   every update ever appended) at several ``as_of`` across ``[since, upper)``: nothing is
   lost, counted twice or applied early, whatever mix of WAL, batches and pending parts
   holds the updates;
@@ -34,13 +35,13 @@ from hypothesis.stateful import (
     rule,
 )
 
+from lamina.frontier import CLOSED
 from lamina.store import Relation, Store
 from lamina.trace import pending, reference
 from lamina.trace.invariants import check_data, check_state
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.state import StateStore
 from lamina.trace.trace import Trace
-from lamina.wal.record import CLOSED
 from tests.trace.helpers import (
     KEY,
     NAME,

@@ -24,9 +24,10 @@ from pathlib import Path
 import crc32c as crc32c_package
 import pyarrow as pa
 
+from lamina.frontier import CLOSED, MAX_TIME
 from lamina.schema import RelationMeta, conform_updates
 from lamina.wal.reader import segment_updates
-from lamina.wal.record import CLOSED, MAX_TIME, RecordType, encode_frontier, frame
+from lamina.wal.record import RecordType, encode_frontier, frame
 from lamina.wal.record import encode_updates as encode_updates_payload
 from lamina.wal.segment import SegmentFile, encode_header, opening_records, scan_file
 

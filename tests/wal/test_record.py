@@ -15,21 +15,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lamina.frontier import CLOSED, MAX_TIME
 from lamina.fs import crc32c
 from lamina.schema import RelationMeta, conform_updates
 from lamina.wal.record import (
-    CLOSED,
     HEADER_SIZE,
     MAX_PAYLOAD,
-    MAX_TIME,
     BadFrame,
     Record,
     RecordType,
+    UpdatesEncoder,
     decode_frontier,
     decode_updates,
     encode_frontier,
     encode_updates,
-    encode_updates_record,
     find_valid_frame,
     frame,
     read_frame,
@@ -96,25 +95,22 @@ def test_frontier_records_round_trip(value: int, rtype: RecordType) -> None:
 def test_update_records_round_trip(data: st.DataObject) -> None:
     """Any batch valid for any supported schema (all types, nulls where nullable, times
     up to 2**64-1, diffs over all of int64) is conformed unchanged, encodes to the same
-    bytes through the one-copy append path (encode_updates_record) as through
-    frame(encode_updates), and decodes from its record to the same schema and
-    bit-identical values."""
+    bytes through the zero-copy append path (UpdatesEncoder's pieces, one encoder
+    reused for several records) as through frame(encode_updates), and decodes from its
+    record to the same schema and bit-identical values."""
     meta = RelationMeta.new("r", data.draw(schemas()), None)
     table = data.draw(batches(meta))
     conformed = conform_updates(meta, table)
     assert same_table(conformed, table)
     payload = encode_updates(conformed)
     expected = frame(RecordType.UPDATES, payload)
-    assert bytes(encode_updates_record(conformed)) == expected
-    # a reused scratch buffer: big enough (and dirty) is written over, too small is replaced
-    big = bytearray(b"\xff" * (len(expected) + 100))
-    in_big = encode_updates_record(conformed, big)
-    assert in_big.obj is big
-    assert bytes(in_big) == expected
-    small = bytearray(len(expected) - 1)
-    in_new = encode_updates_record(conformed, small)
-    assert in_new.obj is not small
-    assert bytes(in_new) == expected
+    encoder = UpdatesEncoder(conformed.schema)
+    half = conformed.slice(conformed.num_rows // 2)
+    for t in (conformed, half, conformed):  # a kept-open stream writer: no state leaks
+        pieces, size = encoder.encode(t)
+        assert b"".join(pieces) == frame(RecordType.UPDATES, encode_updates(t))
+        assert size == sum(len(p) for p in pieces)
+    assert b"".join(encoder.encode(conformed)[0]) == expected
     buf = memoryview(b"junk" + frame(RecordType.UPDATES, payload))
     rec = read_frame(buf, 4)
     assert isinstance(rec, Record)
@@ -124,6 +120,28 @@ def test_update_records_round_trip(data: st.DataObject) -> None:
     assert decoded.schema.equals(meta.update_schema)
     assert same_table(decoded, conformed)
     assert encode_updates(decoded) == payload
+
+
+def test_encoder_pieces_equal_a_fresh_stream_for_chunks_slices_and_dictionaries() -> None:
+    """The encoder's pieces concatenate to frame(encode_updates(t)) for tables of several
+    chunks, sliced tables (offset validity bitmaps the IPC writer rewrites) and, through
+    a fresh stream per record, dictionary columns, whose dictionary a kept-open stream
+    would write only once; the column buffers are passed on uncopied."""
+    plain = pa.table({"k": pa.array([1, None, 3, 4], pa.int64()), "s": ["a", None, "cc", "d"]})
+    chunked = pa.concat_tables([plain, plain.slice(1, 2), plain])
+    dicts = pa.table({"d": pa.array(["x", "y", "x"]).dictionary_encode(),
+                      "l": pa.array([[1], [2, 3], []], pa.list_(pa.int32()))})
+    for tables in ([plain, chunked, plain.slice(1), plain], [dicts, dicts.slice(1), dicts]):
+        encoder = UpdatesEncoder(tables[0].schema)
+        for t in tables:
+            pieces, size = encoder.encode(t)
+            expected = frame(RecordType.UPDATES, encode_updates(t))
+            assert b"".join(pieces) == expected
+            assert size == len(expected)
+    big = pa.table({"k": pa.array(range(1000), pa.int64())})
+    pieces, _ = UpdatesEncoder(big.schema).encode(big)
+    column = big.column("k").chunk(0).buffers()[1]
+    assert any(isinstance(p, pa.Buffer) and p.address == column.address for p in pieces)
 
 
 @settings(max_examples=50, deadline=None)

@@ -13,6 +13,7 @@ import pytest
 
 from lamina import Store
 from lamina.errors import CorruptionError, QuarantinedError
+from lamina.wal.log import WalWriter
 from lamina.wal.segment import encode_header, list_segments, segment_name
 from tests.conftest import ORDERS, updates
 
@@ -62,12 +63,16 @@ def test_crash_while_creating_next_segment(data_dir: Path) -> None:
         rel.allow_compaction(5)
         snap = rel.snapshot(11).to_pylist()
         wal = rel.wal_dir
-    (older,) = list_segments(wal)
+    # Closing the store finished the segment holding the records; the open one after it
+    # holds the frontiers.
+    before = list_segments(wal)
+    older = before[-1]
+    assert not older.finished
     torn = wal / segment_name(older.seq + 1, finished=False)
     torn.write_bytes(encode_header("orders", older.seq + 1)[:25])  # a header cut short
     assert (12, 5, snap) == _reopen(data_dir)
     assert not torn.exists()
-    assert [s.seq for s in list_segments(wal)] == [older.seq]
+    assert [s.seq for s in list_segments(wal)] == [s.seq for s in before]
 
 
 def test_torn_opening_without_finished_segments_is_refused_and_quarantined(
@@ -91,11 +96,14 @@ def test_torn_opening_without_finished_segments_is_refused_and_quarantined(
 def test_mid_log_corruption_quarantines_the_relation(data_dir: Path) -> None:
     """A damaged record followed by a valid one in the open segment is refused with file
     and offset, and the relation is quarantined for every later caller."""
-    with Store.open(data_dir, segment_bytes=1 << 20) as store:
-        rel = store.create_relation("orders", ORDERS, key=["id"])
-        for t in range(3):
-            rel.append(updates([(1, "a", t, 1)]))
-    (opened,) = list_segments(data_dir / "wal" / "orders")
+    with Store.open(data_dir) as store:
+        wal_dir = store.create_relation("orders", ORDERS, key=["id"]).wal_dir
+    # The writer itself, closed as a crash would leave it: the records in the open segment.
+    writer = WalWriter(wal_dir, "orders")
+    for t in range(3):
+        writer.append(updates([(1, "a", t, 1)]))
+    writer.close()
+    (opened,) = list_segments(wal_dir)
     raw = bytearray(opened.path.read_bytes())
     raw[60] ^= 0xFF
     opened.path.write_bytes(bytes(raw))

@@ -1,5 +1,5 @@
 """lamina.wal.segment: file naming, the segment header, and scanning with the recovery
-rules of DESIGN §4.
+rules of lamina.wal.segment.
 
 The bit-flip tests are exhaustive: every bit of every byte of a finished segment is
 flipped in turn and each variant must be refused with CorruptionError; in the open segment
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from lamina.errors import CorruptionError
+from lamina.frontier import CLOSED
 from lamina.fs import crc32c
-from lamina.wal.record import CLOSED, RecordType, encode_frontier, encode_updates, frame
+from lamina.wal.record import RecordType, encode_frontier, encode_updates, frame
 from lamina.wal.segment import (
     MAGIC,
     Scan,

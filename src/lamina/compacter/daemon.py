@@ -5,7 +5,7 @@ Start-up (all before READY=1 and a passing ``/readyz``):
 1. take ``<data>/compacter.lock`` (flock): a second daemon on the same data directory
    refuses with LockedError;
 2. serve HTTP (``/healthz`` answers from here on);
-3. start the SparkSession (off the event loop);
+3. start the SparkSession (off the event loop), unless ``executor = "inprocess"``;
 4. recover every relation: load the newest trace state, check invariants, delete segments
    already converted; the time this takes is ``lamina_recovery_seconds``.
 
@@ -13,9 +13,19 @@ Then every ``poll_interval`` it discovers relations in the WAL directory (no in-
 link to coordinators): new ones get a :class:`~lamina.compacter.pipeline.RelationPipeline`,
 dropped ones (``wal/.dropped/*``, or a trace without a WAL) are removed from disk.
 
+A dropped relation's pipeline task is cancelled and so are its running jobs
+(:meth:`~lamina.compacter.executor.Executor.cancel_relation`: its Spark job tags).
+
 SIGTERM/SIGINT: stop taking work, let in-flight steps finish for up to
-``shutdown_grace_seconds``, then cancel their Spark job groups; STOPPING=1; exit 0. Every
-step is crash-safe, so SIGKILL is only a delay.
+``shutdown_grace_seconds``, then cancel their jobs; STOPPING=1; exit 0. A second
+SIGTERM/SIGINT during that grace period cancels every job at once and exits (0) without
+waiting further. Every step is crash-safe, so SIGKILL is only a delay.
+
+Log events (logger ``lamina.compacter.daemon``): ``daemon.starting``, ``daemon.ready``,
+``shutdown.requested``, ``shutdown.escalated``, ``shutdown.grace_expired``,
+``daemon.stopped``, ``daemon.scan_failed``, ``relation.forgotten``,
+``relation.metadata_unreadable``, ``relation.wal_removed``, ``relation.trace_removed``,
+``relation.remove_failed``.
 """
 
 from __future__ import annotations
@@ -24,12 +34,14 @@ import asyncio
 import contextlib
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import aiofiles
 import structlog
 
 from lamina.compacter.executor import Executor, SparkExecutor
+from lamina.compacter.inprocess import InProcessExecutor
 from lamina.compacter.metrics import Metrics
 from lamina.compacter.pipeline import RelationPipeline
 from lamina.compacter.settings import Settings
@@ -40,7 +52,7 @@ from lamina.lock import DirLock
 from lamina.schema import RelationMeta
 from lamina.status import relation_status
 
-log = structlog.get_logger("lamina.compacter")
+log = structlog.get_logger(__name__)
 
 
 class Daemon:
@@ -56,6 +68,8 @@ class Daemon:
         self.pipelines: dict[str, RelationPipeline] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.stop = asyncio.Event()
+        self.escalated = asyncio.Event()
+        """Set by a second stop signal: cancel every job now, do not wait for them."""
         self.recovered = False
         self._spark: Any = None
 
@@ -78,7 +92,7 @@ class Daemon:
     # --- main -----------------------------------------------------------------------------
     async def run(self) -> int:
         from lamina.compacter.http import build_app, start_http
-        from lamina.compacter.systemd import Notifier, watchdog_interval
+        from lamina.service.systemd import Notifier, watchdog_interval, watchdog_loop
 
         started = time.monotonic()
         self.fs.makedirs(self.layout.wal)
@@ -90,11 +104,14 @@ class Daemon:
             loop.add_signal_handler(sig, self._request_stop, sig)
         runner = await start_http(build_app(self.metrics, self.status, self._ready_gauge),
                                   self.settings.http_host, self.settings.http_port)
-        log.info("compacter starting", data_dir=str(self.settings.data_dir),
-                 spark_master=self.settings.spark_master, http=self.settings.http)
-        watchdog = asyncio.create_task(self._watchdog(notifier, watchdog_interval()))
+        log.info("daemon.starting", data_dir=str(self.settings.data_dir),
+                 executor=self.settings.executor, spark_master=self.settings.spark_master,
+                 http=self.settings.http)
+        watchdog = asyncio.create_task(watchdog_loop(notifier, watchdog_interval()))
         try:
-            if self.executor is None:
+            if self.executor is None and self.settings.executor == "inprocess":
+                self.executor = InProcessExecutor(self.settings.max_concurrent_jobs)
+            elif self.executor is None:
                 self._spark = await asyncio.to_thread(self._build_spark)
                 if self.stop.is_set():
                     return 0
@@ -108,15 +125,18 @@ class Daemon:
             self._ready_gauge()
             notifier.ready()
             notifier.status(f"serving {len(self.pipelines)} relations")
-            log.info("compacter ready", relations=len(self.pipelines),
-                     recovery_seconds=round(elapsed, 3))
+            log.info("daemon.ready", relations=len(self.pipelines),
+                     duration_seconds=round(elapsed, 3))  # the recovery's
             for name in self.pipelines:
                 self._start(name)
             while not self.stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), self.settings.poll_interval)
                 if not self.stop.is_set():
-                    await self._discover(start=True)
+                    try:
+                        await self._discover(start=True)
+                    except Exception as exc:  # a failed scan is retried at the next one
+                        log.exception("daemon.scan_failed", error=str(exc))
                     self._ready_gauge()
             notifier.stopping()
             await self._shutdown()
@@ -127,7 +147,7 @@ class Daemon:
             if self._spark is not None:
                 await asyncio.to_thread(self._spark.stop)
             lock.close()
-            log.info("compacter stopped")
+            log.info("daemon.stopped", duration_seconds=round(time.monotonic() - started, 3))
 
     def _build_spark(self) -> Any:
         from lamina.compacter.spark import build_session
@@ -137,22 +157,20 @@ class Daemon:
         return build_session(self.settings.spark_master, app_name="lamina-compacter", conf=conf)
 
     def _request_stop(self, sig: signal.Signals) -> None:
+        """The first signal stops taking work; a second one cancels every job now."""
         if not self.stop.is_set():
-            log.info("stop requested; finishing in-flight steps", signal=sig.name,
+            log.info("shutdown.requested", signal=sig.name,
                      grace_seconds=self.settings.shutdown_grace_seconds)
-        self.stop.set()
+            self.stop.set()
+        elif not self.escalated.is_set():
+            log.warning("shutdown.escalated", signal=sig.name,
+                        jobs=sum(not t.done() for t in self.tasks.values()))
+            self.escalated.set()
 
     def _ready_gauge(self) -> tuple[bool, str]:
         ok, why = self.readiness()
         self.metrics.ready.set(1 if ok else 0)
         return ok, why
-
-    async def _watchdog(self, notifier: Any, interval: float | None) -> None:
-        if interval is None:
-            return
-        while True:
-            notifier.watchdog()
-            await asyncio.sleep(interval)
 
     # --- relations ------------------------------------------------------------------------
     async def _discover(self, *, start: bool = False) -> None:
@@ -164,7 +182,7 @@ class Daemon:
             except FileNotFoundError:
                 continue
             except CorruptionError as exc:
-                log.error("relation metadata unreadable", relation=name, error=str(exc))
+                log.error("relation.metadata_unreadable", relation=name, error=str(exc))
                 continue
             pipe = RelationPipeline(name=name, meta=meta, layout=self.layout,
                                     settings=self.settings, executor=self._executor(),
@@ -190,10 +208,9 @@ class Daemon:
 
     async def _read_meta(self, name: str) -> RelationMeta:
         """Read ``relation.json`` without blocking the loop (aiofiles' thread pool)."""
-        path = self.layout.wal_dir(name) / "relation.json"
-        async with aiofiles.open(path, "rb") as f:
+        async with aiofiles.open(self.layout.meta_path(name), "rb") as f:
             data = await f.read()
-        return RelationMeta.from_json(data, path)
+        return self.layout.parse_meta(name, data)
 
     def _start(self, name: str) -> None:
         pipe = self.pipelines[name]
@@ -201,35 +218,60 @@ class Daemon:
             self.tasks[name] = asyncio.create_task(pipe.run(self.stop), name=f"pipeline-{name}")
 
     async def _forget(self, name: str) -> None:
+        """Stop a dropped relation's pipeline and cancel its running jobs."""
         task = self.tasks.pop(name, None)
+        jobs = self.executor.cancel_relation(name) if self.executor is not None else 0
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, LaminaError):
                 await task
         self.pipelines.pop(name, None)
         self.metrics.forget_relation(name)
-        log.info("relation gone", relation=name)
+        log.info("relation.forgotten", relation=name, jobs_cancelled=jobs)
 
     def _remove_dropped(self, live: set[str]) -> None:
-        """Delete WALs of dropped relations and traces that no live relation owns."""
+        """Delete WALs of dropped relations and traces that no live relation owns. A
+        directory that cannot be removed now (a cancelled job's thread still writing in
+        it, a disk error) is left for the next scan."""
         if self.layout.dropped.exists():
             for d in self.layout.dropped.iterdir():
-                self.fs.rmtree(d)
-                log.info("dropped relation's WAL removed", path=str(d))
+                if self._remove(d):
+                    log.info("relation.wal_removed", path=str(d))
         if self.layout.trace.exists():
             for d in self.layout.trace.iterdir():
-                if d.is_dir() and d.name not in live and not self.layout.wal_dir(d.name).exists():
-                    self.fs.rmtree(d)
-                    log.info("dropped relation's trace removed", relation=d.name)
+                if (d.is_dir() and d.name not in live
+                        and not self.layout.wal_dir(d.name).exists() and self._remove(d)):
+                    log.info("relation.trace_removed", relation=d.name)
+
+    def _remove(self, path: Path) -> bool:
+        try:
+            self.fs.rmtree(path)
+        except OSError as exc:
+            log.warning("relation.remove_failed", path=str(path), error=str(exc))
+            return False
+        return True
 
     async def _shutdown(self) -> None:
-        tasks = list(self.tasks.values())
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds)
-            if pending:
-                log.warning("grace period over; cancelling in-flight jobs", jobs=len(pending))
-                if self.executor is not None:
-                    self.executor.cancel_all()
-                for t in pending:
-                    t.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+        """Wait for the pipelines up to the grace period (or a second signal), then cancel
+        what still runs: its jobs first, then the tasks awaiting them."""
+        deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        pending = {t for t in self.tasks.values() if not t.done()}
+        escalated = asyncio.create_task(self.escalated.wait())
+        try:
+            while pending and not self.escalated.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                done, _ = await asyncio.wait(pending | {escalated}, timeout=left,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+        finally:
+            escalated.cancel()
+        if pending:
+            if not self.escalated.is_set():
+                log.warning("shutdown.grace_expired", jobs=len(pending))
+            if self.executor is not None:
+                self.executor.cancel_all()
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)

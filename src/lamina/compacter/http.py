@@ -11,7 +11,7 @@
 |  | keys of ``lamina status --json`` |
 
 Every path also answers ``HEAD``. The daemon owns the callables; this module only serves
-them::
+them; binding, the probes and ``/metrics`` are :mod:`lamina.service.http`'s::
 
     app = build_app(metrics, status=daemon.relation_status, readiness=daemon.readiness)
     runner = await start_http(app, settings.http_host, settings.http_port)
@@ -19,29 +19,33 @@ them::
     await stop_http(runner)
 
 ``status`` and ``readiness`` may read the disk, so they run on a small thread pool owned by
-the application (not the loop's default executor, which Spark calls may keep busy: a scrape
-must not queue behind a conversion). They must therefore be thread-safe, and they get a
-time limit (:data:`CALL_TIMEOUT_SECONDS`): a stuck disk turns ``/readyz`` into a 503 rather
-than a hung probe. ``/metrics`` also asks ``readiness()`` so that ``lamina_ready`` is
-current at every scrape, and ``/readyz`` sets it to the answer it gives.
+the application (:func:`lamina.service.http.off_loop`; not the loop's default executor,
+which Spark calls may keep busy: a scrape must not queue behind a conversion). They must
+therefore be thread-safe, and they get a time limit (:data:`CALL_TIMEOUT_SECONDS`): a
+stuck disk turns ``/readyz`` into a 503 rather than a hung probe. ``/metrics`` also asks
+``readiness()`` so that ``lamina_ready`` is current at every scrape, and ``/readyz`` sets
+it to the answer it gives.
 """
 
 from __future__ import annotations
 
-import asyncio
-import errno
 import json
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
-from aiohttp import hdrs, web
-from prometheus_client.exposition import choose_encoder
+from aiohttp import web
 
 from lamina.compacter.metrics import Metrics
-from lamina.errors import ConfigError
+from lamina.service.http import (
+    CALL_TIMEOUT_SECONDS,
+    ReadinessFn,
+    off_loop,
+    service_app,
+    start_http,
+    stop_http,
+)
 
 __all__ = [
     "CALL_TIMEOUT_SECONDS",
@@ -57,113 +61,21 @@ log = structlog.get_logger(__name__)
 StatusFn = Callable[[], list[dict[str, Any]]]
 """Returns one JSON-serialisable object per relation (the keys of ``lamina status --json``)."""
 
-ReadinessFn = Callable[[], tuple[bool, str]]
-"""Returns ``(ready, reason)``; the reason is shown to whoever probes ``/readyz``."""
-
-CALL_TIMEOUT_SECONDS = 10.0
-"""How long a ``status()`` or ``readiness()`` call may take before the request gives up."""
-
-SHUTDOWN_TIMEOUT_SECONDS = 5.0
-"""How long :func:`stop_http` lets in-flight requests finish; every request is short."""
-
-_T = TypeVar("_T")
-
-_METRICS: web.AppKey[Metrics] = web.AppKey("lamina_metrics", Metrics)
 _STATUS: web.AppKey[StatusFn] = web.AppKey("lamina_status")
-_READINESS: web.AppKey[ReadinessFn] = web.AppKey("lamina_readiness")
-_POOL: web.AppKey[ThreadPoolExecutor] = web.AppKey("lamina_pool", ThreadPoolExecutor)
 
 
 def build_app(metrics: Metrics, status: StatusFn, readiness: ReadinessFn) -> web.Application:
     """The aiohttp application serving ``/metrics``, ``/healthz``, ``/readyz`` and
     ``/v1/relations``. Start it with :func:`start_http`."""
-    app = web.Application()
-    app[_METRICS] = metrics
+    app = service_app(metrics, readiness)
     app[_STATUS] = status
-    app[_READINESS] = readiness
-    app[_POOL] = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lamina-http")
-    app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
     app.router.add_get("/v1/relations", _relations)
-    app.on_cleanup.append(_shutdown_pool)
     return app
-
-
-async def start_http(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Bind ``host:port`` and serve ``app``; port 0 picks a free port (read it from
-    ``runner.addresses``). Raises :class:`~lamina.errors.ConfigError` when the address
-    cannot be bound (port taken, address not local, privileged port)."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        where = f"{host}:{port}"
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"cannot serve HTTP on {where}: the address is already in use (another "
-                "`lamina serve` may be running); stop it or choose another address with "
-                "--http HOST:PORT / LAMINA_HTTP") from exc
-        raise ConfigError(
-            f"cannot serve HTTP on {where}: {exc.strerror or exc}; choose another address "
-            "with --http HOST:PORT / LAMINA_HTTP") from exc
-    log.info("http.listening", addresses=[f"{a[0]}:{a[1]}" for a in runner.addresses])
-    return runner
-
-
-async def stop_http(runner: web.AppRunner) -> None:
-    """Stop listening, let in-flight requests finish (bounded by
-    :data:`SHUTDOWN_TIMEOUT_SECONDS`) and release the thread pool."""
-    await runner.cleanup()
-    log.info("http.stopped")
-
-
-async def _shutdown_pool(app: web.Application) -> None:
-    # Do not wait for a stuck status() call: the daemon is exiting anyway.
-    app[_POOL].shutdown(wait=False, cancel_futures=True)
-
-
-async def _off_loop(app: web.Application, fn: Callable[[], _T]) -> _T:
-    loop = asyncio.get_running_loop()
-    return await asyncio.wait_for(loop.run_in_executor(app[_POOL], fn), CALL_TIMEOUT_SECONDS)
-
-
-async def _readiness(app: web.Application) -> tuple[bool, str]:
-    """Ask ``readiness()`` off the loop; a failure or time-out is 'not ready'."""
-    try:
-        ready, reason = await _off_loop(app, app[_READINESS])
-    except TimeoutError:
-        ready, reason = False, f"readiness check took longer than {CALL_TIMEOUT_SECONDS:g} s"
-    except Exception as exc:
-        log.exception("http.readiness_failed")
-        ready, reason = False, f"readiness check failed: {type(exc).__name__}: {exc}"
-    app[_METRICS].ready.set(1 if ready else 0)
-    return bool(ready), str(reason)
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    app = request.app
-    await _readiness(app)
-    encoder, content_type = choose_encoder(request.headers.get(hdrs.ACCEPT, ""))
-    body = await _off_loop(app, partial(encoder, app[_METRICS].registry))
-    return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
-
-
-async def _healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok\n")
-
-
-async def _readyz(request: web.Request) -> web.Response:
-    ready, reason = await _readiness(request.app)
-    return web.Response(status=200 if ready else 503, text=(reason or "ready") + "\n")
 
 
 async def _relations(request: web.Request) -> web.Response:
     try:
-        rows = await _off_loop(request.app, request.app[_STATUS])
+        rows = await off_loop(request.app, request.app[_STATUS])
     except TimeoutError:
         return web.json_response(
             {"error": f"relation status took longer than {CALL_TIMEOUT_SECONDS:g} s"},

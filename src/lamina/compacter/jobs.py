@@ -69,7 +69,7 @@ concatenates the runs' slices, sorts them (numpy on the prefix, which merges the
 slices, then Arrow's multi-key sort, which is nearly linear on such input), consolidates
 them (:func:`consolidate_sorted`: runs of equal neighbours summed, exact int64 sums, the
 reference's own :func:`lamina.consolidate.consolidate_updates` where that cannot be
-proven) and appends them to ``batch_part_path(batch_id, part index)`` through
+proven) and appends them to ``TraceLayout.batch_part(batch_id, part index)`` through
 :func:`lamina.trace.batch.write_part` (temp file, fsync, rename, directory fsync). Bucket
 tasks do the same for groups of pending buckets, one fresh pending file per bucket (a
 bucket never straddles tasks). Empty parts are not written. A part's task decompresses
@@ -87,11 +87,16 @@ retried write task rewrites the same batch part path (same content) and new pend
 the step ends, whether it succeeded or not; one left by a crashed driver holds no file a
 state names and is collected like any garbage.
 
-*Errors.* Lamina errors raised in a task travel to the driver as a marker with their
-type, message, path and offset; the driver raises CorruptionError or DiffOverflowError
-again, and JobError (naming relation, step and root cause) for everything else Spark or
-Py4J reports. A cancelled job raises :class:`lamina.compacter.spark.JobCancelledError`;
-each of a step's jobs checks for a cancel first.
+*Errors.* A lamina error raised in a task travels to the driver as a typed record
+(:class:`TaskError`: format version, class name, message, path and byte offset), JSON in
+base64 between markers in the task's exception text, the only thing Spark carries back.
+The driver rebuilds the error from the record's fields (:meth:`TaskError.rebuild`):
+CorruptionError as itself (it quarantines the relation), a cancel as JobCancelledError,
+anything else as JobError naming relation, step and the task's error class (retried).
+Everything else Spark or Py4J reports becomes JobError with its root cause. A cancelled
+job raises :class:`lamina.errors.JobCancelledError`; each of a step's jobs checks for a
+cancel first. The in-process executor (:mod:`lamina.compacter.inprocess`) maps its errors
+through the same record, so both executors fail alike.
 """
 
 from __future__ import annotations
@@ -122,20 +127,27 @@ from lamina.consolidate import (
     forward,
     sum_adjacent,
 )
-from lamina.errors import CorruptionError, DiffOverflowError, JobError, LaminaError
+from lamina.errors import (
+    CorruptionError,
+    JobCancelledError,
+    JobError,
+    LaminaError,
+)
+from lamina.frontier import MAX_TIME
 from lamina.fs import FileSystem
+from lamina.layout import TraceLayout
 from lamina.schema import TIME, RelationMeta
-from lamina.trace.batch import PartFile, batch_part_path, read_part, write_part
+from lamina.trace.batch import PartFile, read_part, write_part
 from lamina.trace.pending import bucket_of
-from lamina.trace.plan import ConversionPlan, MergePlan, SegmentSpan
+from lamina.trace.plan import ConversionPlan, MergePlan
 from lamina.trace.reference import pending_path
 from lamina.trace.state import PendingPart
 from lamina.trace.trace import Trace
+from lamina.wal.reader import SegmentSpan
 from lamina.wal.record import (
     HEADER,
     HEADER_SIZE,
     MAX_PAYLOAD,
-    MAX_TIME,
     BadFrame,
     RecordType,
     corrupt,
@@ -179,7 +191,8 @@ class JobTuning:
     max_parts: int = 256
     """At most this many write partitions (parts of one batch)."""
     chunk_rows: int = 1 << 18
-    """Rows a write task sorts and consolidates at a time (also its Parquet row groups)."""
+    """Rows a write task sorts and consolidates at a time (written as Parquet row groups of
+    ``lamina.trace.batch.ROW_GROUP_ROWS`` rows, with statistics, for key lookups)."""
 
 
 DEFAULT_TUNING = JobTuning()
@@ -382,16 +395,64 @@ class TaskFailure(RuntimeError):
     """A lamina error raised in a task, carried to the driver in its message."""
 
 
+@dataclass(frozen=True)
+class TaskError:
+    """A lamina error as data: what a task sends the driver instead of the exception."""
+
+    FORMAT = 1
+
+    type: str
+    """The error's class name (``CorruptionError``, ``StorageError``, ...)."""
+    message: str
+    """The message without the location (``CorruptionError.reason``)."""
+    path: str | None = None
+    offset: int | None = None
+
+    @classmethod
+    def of(cls, exc: LaminaError) -> TaskError:
+        if isinstance(exc, CorruptionError):
+            return cls(type=type(exc).__name__, message=exc.reason,
+                       path=str(exc.path) if exc.path is not None else None,
+                       offset=exc.offset)
+        return cls(type=type(exc).__name__, message=str(exc))
+
+    def encode(self) -> str:
+        doc = {"format": self.FORMAT, "type": self.type, "message": self.message,
+               "path": self.path, "offset": self.offset}
+        return base64.b64encode(json.dumps(doc).encode()).decode()
+
+    @classmethod
+    def decode(cls, blob: str) -> TaskError:
+        doc = json.loads(base64.b64decode(blob))
+        if doc.get("format") != cls.FORMAT:
+            raise JobError(f"a Spark task reported an error in format {doc.get('format')!r}, "
+                           f"this driver reads format {cls.FORMAT}: run one lamina version "
+                           "on the driver and the executors")
+        offset = doc.get("offset")
+        return cls(type=str(doc["type"]), message=str(doc["message"]), path=doc.get("path"),
+                   offset=int(offset) if offset is not None else None)
+
+    def rebuild(self, context: str) -> LaminaError:
+        """The error the driver raises: corruption as itself (it quarantines the
+        relation), anything else as a retryable JobError. (A diff sum outside int64 raises
+        nothing here: steps store it as a carry, lamina.consolidate.)"""
+        if self.type == CorruptionError.__name__:
+            return CorruptionError(self.message, path=self.path, offset=self.offset)
+        if self.type == JobCancelledError.__name__:
+            return JobCancelledError(f"{context} was cancelled: {self.message}")
+        return JobError(f"{context} failed: {self.type}: {self.message} (nothing was "
+                        "committed; the step is retried from its inputs)")
+
+
+def task_error(exc: LaminaError, context: str) -> LaminaError:
+    """What the driver raises for ``exc`` raised by a step's work (in a Spark task or in
+    process): the same as if it had travelled as a :class:`TaskError`."""
+    return TaskError.of(exc).rebuild(context)
+
+
 def _encode_failure(exc: LaminaError) -> TaskFailure:
-    message = str(exc)
-    doc: dict[str, Any] = {"type": type(exc).__name__, "message": message}
-    if isinstance(exc, CorruptionError) and exc.path is not None:
-        where = f" [{exc.path}" + (f" at byte {exc.offset}" if exc.offset is not None
-                                   else "") + "]"
-        doc.update(message=message.removesuffix(where), path=str(exc.path),
-                   offset=exc.offset)
-    blob = base64.b64encode(json.dumps(doc).encode()).decode()
-    return TaskFailure(f"{_TASK_MARK}{blob}> {type(exc).__name__}: {message}")
+    return TaskFailure(f"{_TASK_MARK}{TaskError.of(exc).encode()}> "
+                       f"{type(exc).__name__}: {exc}")
 
 
 def _guarded(fn: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -866,7 +927,7 @@ def _writer(ctx: StepContext, items: Sequence[PartItem | BucketItem]
             item = items[i]
             rows = []
             if isinstance(item, PartItem):
-                part = _write_nonempty(ctx, batch_part_path(ctx.batch_id, item.index),
+                part = _write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, item.index),
                                        _part_chunks(item, ctx))
                 if part is not None:
                     rows.append(_meta_row(None, item.index, part))
@@ -888,7 +949,7 @@ def _single(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
             past = sort_rows(past, ctx.sort_keys, ctx.prefix)
             future = sort_rows(future, [(ctx.bucket, "ascending"), *ctx.sort_keys], ctx.bucket)
             rows = [_tally_row(decoded)]
-            part = _write_nonempty(ctx, batch_part_path(ctx.batch_id, 0),
+            part = _write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, 0),
                                    [consolidate_sorted(past, ctx)])
             if part is not None:
                 rows.append(_meta_row(None, 0, part))
@@ -998,7 +1059,7 @@ def run_step(spark: Any, trace: Trace, *, segments: Sequence[SegmentSpan],
     from lamina.compacter.spark import check_cancelled
 
     meta = trace.meta
-    scratch = trace.dir / "batches" / f"{batch_id}.scratch"
+    scratch = trace.dir / TraceLayout.scratch(batch_id)
     decoded = 0  # updates counted by decode tasks (single tasks report theirs in tally rows)
     try:
         sizes = [Path(s.path).stat().st_size for s in segments]
@@ -1149,18 +1210,10 @@ def root_cause(exc: BaseException) -> str:
 
 def translate(exc: BaseException, context: str) -> LaminaError:
     """The lamina error for a failure reported by Spark or Py4J during ``context``."""
-    from lamina.compacter.spark import JobCancelledError
-
     text = _error_text(exc)
     match = _TASK_MARK_RE.search(text)
     if match:
-        doc = json.loads(base64.b64decode(match.group(1)))
-        kind, message = str(doc.get("type")), str(doc.get("message"))
-        if kind == "CorruptionError":
-            return CorruptionError(message, path=doc.get("path"), offset=doc.get("offset"))
-        if kind == "DiffOverflowError":
-            return DiffOverflowError(message)
-        return JobError(f"{context} failed in a Spark task: {kind}: {message}")
+        return TaskError.decode(match.group(1)).rebuild(f"{context} in a Spark task")
     if "SPARK_JOB_CANCELLED" in text or "cancelled part of cancelled job tags" in text:
         return JobCancelledError(f"{context} was cancelled: {root_cause(exc)}")
     return JobError(f"{context} failed in Spark: {root_cause(exc)} (nothing was committed; "

@@ -4,12 +4,16 @@
 one event with key-values; with ``fmt="json"`` (or ``"auto"`` when stderr is not a TTY:
 systemd's journal, Docker, a pipe) it is one JSON object per line::
 
-    {"relation": "orders", "segments": [17, 18], "batch": "b-000042", "rows_out": 1200,
+    {"relation": "orders", "segments": "17..18", "batch": "b-000042", "rows_out": 1200,
      "duration_seconds": 1.84, "event": "conversion.committed", "level": "info",
-     "logger": "lamina.compacter.daemon", "timestamp": "2025-05-01T12:00:00.123456Z"}
+     "logger": "lamina.compacter.pipeline", "timestamp": "2025-05-01T12:00:00.123456Z"}
 
 ``timestamp`` is ISO 8601 in UTC, ``level`` is lower case, ``event`` is a stable dotted
-name (grep for it, alert on it); everything else is bound context. Standard-library loggers
+name ``<subject>.<what happened>`` (grep for it, alert on it; docs/operations.md lists
+them), ``logger`` is the emitting module (``structlog.get_logger(__name__)``); everything
+else is bound context. ``level``, ``event``, ``logger`` and ``timestamp`` are reserved: a
+batch's compaction level is ``batch_level`` (a merge's output ``batch_level_out``), never
+``level``, which would overwrite the log level. Standard-library loggers
 (py4j, pyspark, aiohttp, asyncio) go through the same renderer; py4j, pyspark and aiohttp
 only from WARNING up, whatever the level, because they are chatty below it.
 

@@ -35,31 +35,22 @@ from __future__ import annotations
 
 import contextlib
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-import lamina
+from lamina.service.metrics import ServiceMetrics
 
 JOB_KINDS = ("conversion", "merge", "gc")
 OUTCOMES = ("success", "failure", "cancelled")
 JOB_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
-class Metrics:
+class Metrics(ServiceMetrics):
     """Every metric the compacter exports, in a registry of its own."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+        super().__init__(registry, ready_name="lamina_ready",
+                         ready_help="1 when the daemon is ready")
         r = self.registry
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
         self.wal_pending_bytes = Gauge("lamina_wal_pending_bytes", "Bytes of finished WAL "
                                        "segments not yet converted", ["relation"], registry=r)
         self.wal_pending_segments = Gauge("lamina_wal_pending_segments", "Finished WAL segments "
@@ -95,10 +86,6 @@ class Metrics:
                                 "collection", registry=r)
         self.recovery_seconds = Gauge("lamina_recovery_seconds", "Duration of the last "
                                       "start-up recovery", registry=r)
-        self.ready = Gauge("lamina_ready", "1 when the daemon is ready", registry=r)
-        self.build_info = Gauge("lamina_build_info", "Build information", ["version"],
-                                registry=r)
-        self.build_info.labels(version=lamina.__version__).set(1)
         for kind in JOB_KINDS:  # series exist from the start, so increase() sees the first
             self.job_retries.labels(kind=kind)
             self.job_seconds.labels(kind=kind)
@@ -124,6 +111,3 @@ class Metrics:
                 self.trace_batches.remove(relation, old)
         for level, count in levels.items():
             self.trace_batches.labels(relation=relation, level=str(level)).set(count)
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)

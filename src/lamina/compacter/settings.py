@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from lamina.errors import ConfigError
+from lamina.service.settings import ENV_PREFIX, ServiceSettings, load_toml_settings
 
-ENV_PREFIX = "LAMINA_"
+__all__ = ["ENV_PREFIX", "Settings", "jvm_size_mib", "load_settings"]
 MIN_DRIVER_MEMORY_MIB = 450
 """Spark refuses to start a driver whose JVM heap is below 1.5 times its 300 MiB of
 reserved memory (``UnifiedMemoryManager``), i.e. 450 MiB; the same bound holds in local
@@ -39,12 +38,15 @@ def jvm_size_mib(value: str) -> float:
     return int(m.group(1)) * _UNIT_MIB[m.group(2).lower()]
 
 
-class Settings(BaseModel):
+class Settings(ServiceSettings):
     """Every knob of the compacter."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     data_dir: Path = Path("lamina-data")
+    executor: Literal["spark", "inprocess"] = Field(
+        "spark", description="what runs the jobs: Spark, or the pyarrow reference in the "
+        "daemon's process (lamina.compacter.inprocess; no JVM, for small relations)")
     spark_master: str = "local[*]"
     spark_driver_memory: str = "1g"
     spark_conf: dict[str, str] = Field(default_factory=dict)
@@ -64,14 +66,6 @@ class Settings(BaseModel):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("http")
-    @classmethod
-    def _check_http(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {v!r}")
-        return v
-
     @field_validator("spark_driver_memory")
     @classmethod
     def _check_driver_memory(cls, v: str) -> str:
@@ -80,40 +74,9 @@ class Settings(BaseModel):
                              f"(it refuses to start below), got {v!r}")
         return v.strip()
 
-    @property
-    def http_host(self) -> str:
-        return self.http.rpartition(":")[0].strip("[]")
-
-    @property
-    def http_port(self) -> int:
-        return int(self.http.rpartition(":")[2])
-
 
 def load_settings(config_file: str | os.PathLike[str] | None = None,
                   env: Mapping[str, str] | None = None,
                   overrides: Mapping[str, Any] | None = None) -> Settings:
     """Merge defaults, TOML, environment and flags; raise ConfigError naming the bad key."""
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            with open(config_file, "rb") as f:
-                doc = tomllib.load(f)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {config_file} does not exist") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from exc
-        values.update(doc.get("lamina", doc))
-    env = os.environ if env is None else env
-    fields = Settings.model_fields
-    for key, raw in env.items():
-        if key.startswith(ENV_PREFIX):
-            name = key[len(ENV_PREFIX):].lower()
-            if name in fields:
-                values[name] = raw
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    try:
-        return Settings.model_validate(values)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                             for e in exc.errors())
-        raise ConfigError(f"invalid settings: {problems}") from exc
+    return load_toml_settings(Settings, config_file, env, overrides)

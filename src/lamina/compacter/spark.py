@@ -40,24 +40,22 @@ Tagged actions (:class:`JobTags`)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from lamina.errors import JobError
+from lamina.errors import JobCancelledError
 
 T = TypeVar("T")
 
 DEFAULT_APP_NAME = "lamina-compacter"
 DEFAULT_DRIVER_MEMORY = "2g"
 DEFAULT_LOG_LEVEL = "ERROR"
-
-
-class JobCancelledError(JobError):
-    """A Spark step was cancelled through its job tag (shutdown or an operator)."""
 
 
 def _cores() -> int:
@@ -140,6 +138,10 @@ def check_cancelled() -> None:
         raise JobCancelledError(f"Spark step {tag!r} was cancelled")
 
 
+CANCEL_REPEAT_SECONDS = 0.25
+"""How often a cancel is repeated while the cancelled step still runs (JobTags.cancel)."""
+
+
 class JobTags:
     """Runs blocking Spark steps under job tags and cancels them from other threads."""
 
@@ -207,14 +209,32 @@ class JobTags:
     def cancel(self, tag: str) -> bool:
         """Cancel the step running under ``tag`` (if any); returns whether one was running.
         Safe to call from any thread, including the event loop's (it does not block on the
-        jobs' ending)."""
+        jobs' ending).
+
+        Spark cancels only jobs already submitted, and a step submits its jobs one after
+        another: a job submitted after this call (the step had passed its last
+        :func:`check_cancelled` and not yet reached Spark) would run to its end. So the
+        cancel is repeated every ``CANCEL_REPEAT_SECONDS`` until the step is over."""
         with self._mu:
             active = tag in self._running
+            first = active and tag not in self._cancelled
             if active:
                 self._cancelled.add(tag)
         if active:
             self.spark.sparkContext.cancelJobsWithTag(tag)
+        if first:
+            threading.Thread(target=self._keep_cancelling, args=(tag,), daemon=True,
+                             name=f"lamina-cancel-{tag}").start()
         return active
+
+    def _keep_cancelling(self, tag: str) -> None:
+        while True:
+            time.sleep(CANCEL_REPEAT_SECONDS)
+            with self._mu:
+                if tag not in self._running or tag not in self._cancelled:
+                    return
+            with contextlib.suppress(Exception):  # Spark stopping: the step ends anyway
+                self.spark.sparkContext.cancelJobsWithTag(tag)
 
     def cancel_all(self) -> list[str]:
         """Cancel every running step; returns their tags."""
@@ -249,5 +269,7 @@ def cancel_group(spark: Any, group: str) -> bool:
 
 
 def relation_tag(relation: str) -> str:
-    """The job tag of a relation's steps (relation names never contain commas)."""
+    """The prefix of a relation's job tags: the Spark executor tags each step
+    ``<prefix>-<n>`` and cancels a dropped relation's steps by them (relation names never
+    contain commas)."""
     return f"lamina-rel-{relation}"

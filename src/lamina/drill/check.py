@@ -114,8 +114,8 @@ def check_live(data_dir: Path, oracle: Oracle, ack: Path, rng: random.Random, *,
 def check(data_dir: Path, oracle: Oracle, stats: CheckStats | None = None, *,
           relation: str = RELATION) -> list[str]:
     """The final checks (the module docstring); every process must be stopped."""
-    from lamina.layout import Layout
-    from lamina.trace.trace import DATA_DIRS, Trace
+    from lamina.layout import Layout, TraceLayout
+    from lamina.trace.trace import Trace
     from lamina.verify import verify_relation
 
     stats = stats if stats is not None else CheckStats()
@@ -148,7 +148,8 @@ def check(data_dir: Path, oracle: Oracle, stats: CheckStats | None = None, *,
     named = trace.state.files()
     for path in sorted(trace_dir.rglob("*")):
         rel_path = path.relative_to(trace_dir).as_posix()
-        if path.is_file() and rel_path.split("/")[0] in DATA_DIRS and rel_path not in named:
+        in_data = rel_path.split("/")[0] in TraceLayout.DATA_DIRS
+        if path.is_file() and in_data and rel_path not in named:
             problems.append(f"orphan file after garbage collection: trace/{relation}/"
                             f"{rel_path}")
         if path.name.endswith(".tmp"):

@@ -624,7 +624,7 @@ def _read_from(path: Path, offset: int) -> str:
 
 
 def _last_event(section: str) -> str:
-    event = "compacter starting"
+    event = "daemon.starting"
     for line in section.splitlines():
         if line.startswith("{"):
             with contextlib.suppress(ValueError, AttributeError):
@@ -640,6 +640,13 @@ def run_drill_cli(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     kills: int = args.kills
+    if getattr(args, "ingest", None) is not None:  # lamina drill --ingest files
+        if kills < 0:
+            print("lamina drill: --kills must be >= 0", file=sys.stderr)
+            return 2
+        from lamina.drill.ingest import run_ingest_drill_cli
+
+        return run_ingest_drill_cli(args)
     share: float = getattr(args, "daemon_share", 0.1)
     max_seconds: float | None = getattr(args, "max_seconds", None)
     coordinators: int = getattr(args, "coordinators", 2)

@@ -2,7 +2,8 @@
 
 A batch covers the half-open time interval ``[lower, upper)``. Its rows are updates
 (row columns, ``_time`` uint64, ``_diff`` int64), consolidated (no two rows with equal row
-and time, no zero diff) and ordered by (key columns, other row columns, time) across its
+and time but a sum outside int64 kept as a carry, see :mod:`lamina.consolidate`; no zero
+diff) and ordered by (key columns, other row columns, time) across its
 parts in order. A time below ``lower`` only appears as the batch's ``since``, where logical
 compaction forwarded it.
 
@@ -11,7 +12,8 @@ Files live under the relation's trace directory::
     batches/<batch id>/part-00000.parquet   parts of one batch, written by parallel tasks
     pending/<part id>.parquet               future updates (lamina.trace.pending)
 
-Ids are fresh per attempt (DESIGN §7 rule 4): a step re-run after a crash writes new
+Ids are fresh per attempt (crash-safety rule 4, docs/architecture.md): a step re-run after a crash
+writes new
 files, and only what the published state names is data; the rest is garbage.
 
 Every file is published with the storage layer's temp + fsync + rename + directory fsync,
@@ -34,6 +36,11 @@ from lamina.fs import FileSystem, crc32c
 
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 1
+ROW_GROUP_ROWS = 1 << 12
+"""Rows per Parquet row group of a part. Parts are sorted by key, so each row group's
+min/max statistics bound a narrow key range and a key lookup (lamina.lookup) decodes only
+the row groups that can hold its keys: smaller groups read less per key, larger ones
+compress and scan a little better (docs/performance.md, "Reading")."""
 
 
 def new_id(prefix: str) -> str:
@@ -93,10 +100,6 @@ class BatchDesc:
         return desc
 
 
-def batch_part_path(batch_id: str, index: int) -> str:
-    return f"batches/{batch_id}/part-{index:05d}.parquet"
-
-
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     """How parts are encoded: zstd level 1; integer, date and timestamp columns (stored as
     Parquet INT32/INT64) with DELTA_BINARY_PACKED and no dictionary, the others with a
@@ -109,7 +112,7 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
             "compression_level": PARQUET_COMPRESSION_LEVEL,
             "use_dictionary": [f.name for f in schema if f.name not in delta],
             "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
-            "write_statistics": True}
+            "write_statistics": True, "write_page_checksum": True}
 
 
 def write_part(fs: FileSystem, trace_dir: Path, rel_path: str, schema: pa.Schema,
@@ -123,7 +126,8 @@ def write_part(fs: FileSystem, trace_dir: Path, rel_path: str, schema: pa.Schema
         try:
             for t in tables:
                 if t.num_rows:
-                    writer.write(t if t.schema.equals(schema) else t.cast(schema))
+                    writer.write(t if t.schema.equals(schema) else t.cast(schema),
+                                 row_group_size=ROW_GROUP_ROWS)
                     rows += t.num_rows
         finally:
             writer.close()

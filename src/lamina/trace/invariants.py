@@ -1,4 +1,5 @@
-"""Invariants of a trace (DESIGN §5), checked on load, after every step and by verify.
+"""Invariants of a trace (docs/architecture.md, trace invariants), checked on load, after every
+step and by verify.
 
 State invariants (cheap, checked on every load and publication):
 
@@ -15,7 +16,8 @@ Data invariants (read every file; ``lamina verify`` and tests):
 7. Every time in a batch is in ``[lower, upper)`` or equals the batch's ``since``
    (forwarded); pending times lie in their part's range.
 8. Rows are sorted by (key, other row columns, time) and consolidated: no two equal
-   (row, time), no zero diff.
+   (row, time) except the carry of an exact sum outside int64
+   (:func:`lamina.consolidate.carries_only`), no zero diff.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lamina.consolidate import sort
+from lamina.consolidate import carries_only, sort
 from lamina.errors import CorruptionError
+from lamina.frontier import CLOSED
+from lamina.layout import TraceLayout
 from lamina.schema import DIFF, TIME, RelationMeta
 from lamina.trace.batch import read_part
 from lamina.trace.state import TraceState
@@ -73,9 +77,9 @@ def check_rows(table: pa.Table, meta: RelationMeta, *, lower: int, upper: int,
     if table.num_rows == 0:
         return
     times = table.column(TIME)
-    in_range = pc.and_(pc.greater_equal(times, pa.scalar(lower, pa.uint64())),
-                       pc.less(times, pa.scalar(min(upper, 2**64 - 1), pa.uint64()))
-                       if upper < 2**64 else pc.greater_equal(times, pa.scalar(0, pa.uint64())))
+    in_range = pc.greater_equal(times, pa.scalar(lower, pa.uint64()))
+    if upper != CLOSED:
+        in_range = pc.and_(in_range, pc.less(times, pa.scalar(upper, pa.uint64())))
     if since is not None:
         in_range = pc.or_(in_range, pc.equal(times, pa.scalar(since, pa.uint64())))
     if not pc.all(in_range).as_py():
@@ -88,7 +92,8 @@ def check_rows(table: pa.Table, meta: RelationMeta, *, lower: int, upper: int,
     order = [*meta.sort_columns, TIME]
     if not sort(table, order).equals(table):
         raise CorruptionError(f"{what}: rows are not ordered by (key, row, time)", path=path)
-    if table.group_by(order).aggregate([]).num_rows != table.num_rows:
+    if (table.group_by(order).aggregate([]).num_rows != table.num_rows
+            and not carries_only(table, order)):  # a carry: an exact sum outside int64
         raise CorruptionError(f"{what}: not consolidated (a row repeats at one time)", path=path)
 
 
@@ -98,7 +103,8 @@ def check_data(trace_dir: Path, state: TraceState, meta: RelationMeta) -> None:
         tables = [read_part(trace_dir, p) for p in b.parts]
         if tables:
             check_rows(pa.concat_tables(tables), meta, lower=b.lower, upper=b.upper,
-                       since=b.since, what=f"batch {b.id}", path=trace_dir / "batches" / b.id)
+                       since=b.since, what=f"batch {b.id}",
+                       path=trace_dir / TraceLayout.batch_dir(b.id))
     for pp in state.pending:
         check_rows(read_part(trace_dir, pp.part), meta, lower=pp.lower, upper=pp.upper,
                    since=None, what=f"pending part {pp.part.path}",

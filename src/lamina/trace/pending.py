@@ -1,9 +1,9 @@
 """The pending area: future updates, kept in exponentially growing time buckets.
 
-Updates may carry times at or beyond the upper of the batch that converts them (DESIGN
-§4). A conversion to new upper ``U`` moves such updates into *pending parts*, each covering
-one bucket, so a later conversion to ``U' > U`` reads only the parts whose bucket starts
-below ``U'``.
+Updates may carry times at or beyond the upper of the batch that converts them (future
+updates, lamina.wal.segment). A conversion to new upper ``U`` moves such updates into
+*pending parts*, each covering one bucket, so a later conversion to ``U' > U`` reads only
+the parts whose bucket starts below ``U'``.
 
 Buckets relative to ``U``: time ``U`` is the bucket ``[U, U+1)``; a time ``t > U`` falls in
 the aligned block of size ``2**k`` that contains ``t``, where ``k`` is the highest bit in
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lamina.frontier import MAX_TIME
 from lamina.schema import TIME
 
 MAX_PARTS = 64
@@ -46,7 +47,7 @@ def split_by_bucket(table: pa.Table, upper: int) -> Iterator[tuple[int, int, pa.
     remaining = table
     while remaining.num_rows:
         lo, hi = bucket_of(int(pc.min(remaining.column(TIME)).as_py()), upper)
-        if hi > 2**64 - 1:  # the last bucket reaches the end of time: everything left
+        if hi > MAX_TIME:  # the last bucket reaches the end of time: everything left
             yield lo, hi, remaining
             return
         inside = pc.less(remaining.column(TIME), pa.scalar(hi, pa.uint64()))

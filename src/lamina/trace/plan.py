@@ -11,7 +11,8 @@ upper are consumed (all of them when more than ``pending.MAX_PARTS`` would remai
 
 Merge: the oldest adjacent pair of batches with equal level ``L``. The merged batch covers
 both intervals, takes the trace's since (times below it are forwarded) and level ``L+1``
-if it holds more rows than both parents, else ``L`` (DESIGN §5). Because a level-``L+1``
+if it holds more rows than both parents, else ``L`` (docs/architecture.md, trace invariants).
+Because a level-``L+1``
 batch is built from at least ``2**(L+1)`` converted batches and no two adjacent batches
 share a level once merging is done, the batch count stays at most ``log2(conversions)+1``
 whether or not since advances.
@@ -26,18 +27,7 @@ from lamina.errors import CorruptionError
 from lamina.trace import pending
 from lamina.trace.batch import BatchDesc, new_id
 from lamina.trace.state import PendingPart, TraceState
-
-
-@dataclass(frozen=True)
-class SegmentSpan:
-    """A finished WAL segment's sequence number, path and frontiers."""
-
-    seq: int
-    path: str
-    lower: int
-    upper: int
-    since: int
-    bytes: int
+from lamina.wal.reader import SegmentSpan
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lamina.consolidate import consolidate_updates, forward
+from lamina.frontier import CLOSED
+from lamina.layout import TraceLayout
 from lamina.schema import TIME, RelationMeta
-from lamina.trace.batch import PartFile, batch_part_path, new_id, read_part, write_part
+from lamina.trace.batch import PartFile, new_id, read_part, write_part
 from lamina.trace.pending import split_by_bucket
 from lamina.trace.plan import ConversionPlan, MergePlan
 from lamina.trace.state import PendingPart, TraceState
@@ -24,7 +26,8 @@ from lamina.wal.segment import SegmentFile
 
 
 def pending_path() -> str:
-    return f"pending/{new_id('p')}.parquet"
+    """A fresh pending part's name (fresh per attempt: a re-run writes new files)."""
+    return TraceLayout.pending_part(new_id("p"))
 
 
 def conversion_input(trace: Trace, plan: ConversionPlan) -> pa.Table:
@@ -39,23 +42,27 @@ def conversion_input(trace: Trace, plan: ConversionPlan) -> pa.Table:
 
 def split_at(table: pa.Table, upper: int) -> tuple[pa.Table, pa.Table]:
     """(updates before ``upper``, future updates at or after it)."""
-    if upper >= 2**64:
+    if upper == CLOSED:
         return table, table.schema.empty_table()
     below = pc.less(table.column(TIME), pa.scalar(upper, pa.uint64()))
     return table.filter(below), table.filter(pc.invert(below))
 
 
-def run_conversion(trace: Trace, plan: ConversionPlan) -> tuple[list[PartFile],
-                                                                 list[PendingPart]]:
+def run_conversion(trace: Trace, plan: ConversionPlan, updates: pa.Table | None = None
+                   ) -> tuple[list[PartFile], list[PendingPart]]:
+    """Write the plan's batch and pending parts; ``updates`` is its
+    :func:`conversion_input` when the caller already read it."""
     meta = trace.meta
-    past, future = split_at(conversion_input(trace, plan), plan.upper)
+    if updates is None:
+        updates = conversion_input(trace, plan)
+    past, future = split_at(updates, plan.upper)
     ctx = f"conversion of {meta.name!r} to {plan.upper}"
     batch = consolidate_updates(forward(past, plan.since), meta.row_columns,
                                 meta.sort_columns, context=ctx)
     schema = meta.update_schema
     parts = []
     if batch.num_rows:
-        parts.append(write_part(trace.fs, trace.dir, batch_part_path(plan.batch_id, 0),
+        parts.append(write_part(trace.fs, trace.dir, TraceLayout.batch_part(plan.batch_id, 0),
                                 schema, [batch]))
     future = consolidate_updates(future, meta.row_columns, meta.sort_columns, context=ctx)
     pending = [PendingPart(lo, hi, write_part(trace.fs, trace.dir, pending_path(), schema, [t]))
@@ -80,7 +87,7 @@ def run_merge(trace: Trace, plan: MergePlan) -> list[PartFile]:
     table = merged_rows(trace, plan, trace.meta)
     if not table.num_rows:
         return []
-    return [write_part(trace.fs, trace.dir, batch_part_path(plan.batch_id, 0),
+    return [write_part(trace.fs, trace.dir, TraceLayout.batch_part(plan.batch_id, 0),
                        trace.meta.update_schema, [table])]
 
 

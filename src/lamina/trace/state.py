@@ -12,7 +12,7 @@ directory::
 Publication is compare-and-set: version N+1 is created with an exclusive link of a synced
 temp file (``FileSystem.publish_exclusive``), so of two writers that both read version N
 exactly one creates N+1; the other gets StateConflictError and must stop. Data files are
-written before the state that names them (DESIGN §7).
+written before the state that names them (crash-safety rules, docs/architecture.md).
 
 Recovery reads the newest version. A newest version that fails its checksum is corruption,
 not a reason to fall back to an older one: the WAL segments the newest version marked
@@ -31,10 +31,10 @@ from typing import Any
 
 from lamina.errors import CorruptionError, StateConflictError
 from lamina.fs import FileSystem, crc32c
+from lamina.layout import TraceLayout
 from lamina.trace.batch import BatchDesc, PartFile
 
 FORMAT_VERSION = 1
-STATE_DIR = "state"
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class StateStore:
     """The ``state/`` directory of one relation's trace."""
 
     def __init__(self, trace_dir: Path, fs: FileSystem) -> None:
-        self.dir = trace_dir / STATE_DIR
+        self.dir = trace_dir / TraceLayout.STATE
         self.fs = fs
 
     def versions(self) -> list[int]:

@@ -1,7 +1,7 @@
 """A relation's trace: its state versions and the steps that advance them.
 
 :class:`Trace` is the only writer of a trace directory (the compacter, or tests). It holds
-the newest state in memory, and every step follows DESIGN §7:
+the newest state in memory, and every step follows the crash-safety rules of docs/architecture.md:
 
 1. data files of the step are written and synced (by an executor: reference or Spark),
 2. the next state version is published with compare-and-set,
@@ -21,16 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lamina import failpoints
-from lamina.errors import CorruptionError
+from lamina.errors import StalePlanError
 from lamina.fs import TMP_SUFFIX, FileSystem
+from lamina.layout import TraceLayout
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, PartFile
 from lamina.trace.invariants import check_state
 from lamina.trace.plan import ConversionPlan, MergePlan, merged_level
-from lamina.trace.state import STATE_DIR, PendingPart, StateStore, TraceState
-from lamina.wal.segment import SegmentFile, list_segments, scan_file, segment_name
-
-DATA_DIRS = ("batches", "pending")
+from lamina.trace.state import PendingPart, StateStore, TraceState
+from lamina.wal.retire import delete_converted
 
 
 @dataclass(frozen=True)
@@ -38,22 +37,6 @@ class GcReport:
     versions_deleted: int
     files_deleted: int
     bytes_deleted: int
-
-
-def _frontiers_after(segments: list[SegmentFile], seq: int, relation: str) -> bool:
-    """Whether a segment after ``seq`` records the relation's frontiers by itself: a
-    finished one, or an open one whose opening records (PROGRESS lower, SINCE since) are
-    in place. When in doubt (the file vanished or fails its scan) the answer is no."""
-    later = [s for s in segments if s.seq > seq]
-    if not later:
-        return False
-    if any(s.finished for s in later):
-        return True
-    try:
-        scan, _ = scan_file(later[0], relation)
-    except (FileNotFoundError, CorruptionError):
-        return False
-    return len(scan.records) >= 2
 
 
 class Trace:
@@ -75,7 +58,8 @@ class Trace:
         The state directory is fsynced before the state is used: the newest version may
         have been published by a writer that died (or whose fsync failed) before it
         fsynced the directory, and this writer deletes the inputs that version replaced
-        (DESIGN §7 rule 3), which must never become durable before the version itself."""
+        (crash-safety rule 3, docs/architecture.md), which must never become durable before the
+        version itself."""
         fs = fs or FileSystem()
         store = StateStore(trace_dir, fs)
         state = store.load_latest()
@@ -107,8 +91,11 @@ class Trace:
         rewritten pending area, against the state the plan was made from."""
         st = self._state
         if st.upper != plan.lower or st.converted_through + 1 != plan.segments[0].seq:
-            raise CorruptionError(f"conversion planned at upper {plan.lower} but the trace is "
-                                  f"at {st.upper}", path=self.states.dir)
+            raise StalePlanError(
+                f"conversion of segments {plan.segments[0].seq}..{plan.converted_through} was "
+                f"planned at upper {plan.lower} after segment {plan.segments[0].seq - 1}, but "
+                f"the trace {self.states.dir} is at upper {st.upper} after segment "
+                f"{st.converted_through}; nothing was committed: plan again from this state")
         batches = st.batches
         if plan.upper > plan.lower:
             batch = BatchDesc(id=plan.batch_id, lower=plan.lower, upper=plan.upper,
@@ -127,8 +114,10 @@ class Trace:
         st = self._state
         i = plan.index
         if st.batches[i:i + 2] != (plan.left, plan.right):
-            raise CorruptionError("merge planned against batches the trace no longer has",
-                                  path=self.states.dir)
+            raise StalePlanError(
+                f"merge of batches {plan.left.id} and {plan.right.id} was planned against "
+                f"batches the trace {self.states.dir} no longer has at index {i}; nothing was "
+                "committed: plan again from this state")
         parts = tuple(parts)
         rows = sum(p.rows for p in parts)
         merged = BatchDesc(id=plan.batch_id, lower=plan.lower, upper=plan.upper,
@@ -140,29 +129,10 @@ class Trace:
         return published
 
     def delete_converted_segments(self, wal_dir: Path) -> int:
-        """Delete WAL segments the state marks converted (only ever after publication).
-
-        The newest finished segment is kept while no later segment records the frontiers
-        by itself: after a crash between finishing a segment and opening the next one (or
-        in the middle of writing the next one's opening records) the writer recovers the
-        relation's upper and since from it, and readers take them from it."""
-        deleted = 0
-        for seq in self._converted_segment_files(wal_dir):
-            if deleted:
-                failpoints.hit("trace.mid_segment_delete")
-            self.fs.unlink(wal_dir / segment_name(seq, finished=True), sync_dir=False)
-            deleted += 1
-        if deleted:
-            self.fs.fsync_dir(wal_dir)
-        return deleted
-
-    def _converted_segment_files(self, wal_dir: Path) -> list[int]:
-        segments = list_segments(wal_dir)
-        converted = [s for s in segments
-                     if s.finished and s.seq <= self._state.converted_through]
-        if converted and not _frontiers_after(segments, converted[-1].seq, self.meta.name):
-            converted.pop()
-        return [s.seq for s in converted]
+        """Delete the WAL segments this trace's published state marks converted (only ever
+        after publication); lamina.wal.retire keeps the one that holds the frontiers."""
+        return delete_converted(wal_dir, self.meta.name, self._state.converted_through,
+                                self.fs)
 
     # --- garbage collection ---------------------------------------------------------------
     def collect_garbage(self, *, keep_versions: int = 8, grace_seconds: float = 600.0,
@@ -178,7 +148,7 @@ class Trace:
         named |= self._state.files()
         cutoff = (time.time() if now is None else now) - grace_seconds
         files = nbytes = 0
-        for sub in DATA_DIRS:
+        for sub in TraceLayout.DATA_DIRS:
             root = self.dir / sub
             if not root.exists():
                 continue
@@ -199,7 +169,7 @@ class Trace:
                 failpoints.hit("gc.after_delete")
                 files += 1
                 nbytes += st.st_size
-        for tmp in (self.dir / STATE_DIR).glob(f"*{TMP_SUFFIX}"):
+        for tmp in (self.dir / TraceLayout.STATE).glob(f"*{TMP_SUFFIX}"):
             if tmp.stat().st_mtime < cutoff:
                 self.fs.unlink(tmp, sync_dir=False)
                 files += 1

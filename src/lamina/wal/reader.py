@@ -11,20 +11,32 @@ a file vanished under them; callers retry from a fresh listing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
 from lamina.errors import CorruptionError
-from lamina.wal.record import RecordType, corrupt, decode_updates
-from lamina.wal.segment import Scan, SegmentFile, list_segments, scan_file
+from lamina.wal.record import (
+    BadFrame,
+    Record,
+    RecordType,
+    corrupt,
+    decode_updates,
+    find_valid_frame,
+    read_frame,
+)
+from lamina.wal.segment import Scan, SegmentFile, list_segments, read_frontiers, scan_file
 
 _RETRIES = 20
 
 
 def frontiers(wal_dir: Path, relation: str) -> tuple[int, int]:
-    """``(upper, since)`` of the relation, read from its newest segment."""
+    """``(upper, since)`` of the relation, read from its newest segment's frame headers and
+    frontier records (:func:`read_frontiers`: update payloads are skipped, not read, so a
+    poll costs a few bytes read per record however large the updates; a torn tail of the
+    open segment is handled by a full scan, with the scanner's rules)."""
     for _ in range(_RETRIES):
         segments = list_segments(wal_dir)
         if not segments:
@@ -32,7 +44,7 @@ def frontiers(wal_dir: Path, relation: str) -> tuple[int, int]:
                 raise FileNotFoundError(wal_dir)
             raise CorruptionError(f"relation {relation!r} has no WAL segments", path=wal_dir)
         try:
-            scan, _ = scan_file(segments[-1], relation)
+            scan = read_frontiers(segments[-1], relation)
         except FileNotFoundError:
             continue
         if len(scan.records) < 2 and not segments[-1].finished:
@@ -40,7 +52,7 @@ def frontiers(wal_dir: Path, relation: str) -> tuple[int, int]:
             if len(segments) < 2:
                 return 0, 0
             try:
-                scan, _ = scan_file(segments[-2], relation)
+                scan = read_frontiers(segments[-2], relation)
             except FileNotFoundError:
                 continue
         return scan.upper, scan.since
@@ -69,5 +81,83 @@ def segment_updates(seg: SegmentFile, relation: str, schema: pa.Schema) -> list[
     return list(updates_of(scan, schema))
 
 
+def appended_updates(seg: SegmentFile, schema: pa.Schema,
+                     start: int) -> tuple[list[pa.Table], int]:
+    """The update tables of the records the open segment ``seg`` holds from byte ``start``
+    on (the ``valid_end`` of an earlier scan of it, or of an earlier call), and the new
+    valid end: :func:`segment_updates` for a reader that polls a growing open segment.
+
+    The bytes before ``start`` were verified then and do not change: the writer only
+    appends, and its recovery cuts only a torn tail, which lies after every valid record. The
+    new bytes follow the open segment's rules (lamina.wal.segment): a bad frame followed by
+    a valid one is corruption; with nothing valid after it, it is a torn tail (or a record
+    being written), left for a later call."""
+    with open(seg.path, "rb") as f:
+        f.seek(start)
+        buf = memoryview(f.read())
+    scan = Scan(path=seg.path, seq=seg.seq, relation="")
+    offset = 0
+    while offset < len(buf):
+        rec = read_frame(buf, offset)
+        if isinstance(rec, BadFrame):
+            nxt = find_valid_frame(buf, offset + 1)
+            if nxt is not None:
+                raise corrupt(seg.path, start + offset, f"{rec.reason}, followed by a valid "
+                                                        f"record at byte {start + nxt}")
+            break
+        scan.records.append(Record(start + offset, rec.rtype, rec.payload))
+        offset = rec.end
+    return list(updates_of(scan, schema)), start + offset
+
+
 def finished_segments(wal_dir: Path) -> list[SegmentFile]:
     return [s for s in list_segments(wal_dir) if s.finished]
+
+
+def backlog(wal_dir: Path, converted_through: int) -> tuple[int, int]:
+    """``(segments, bytes)`` of the finished segments after ``converted_through``: what the
+    compacter has yet to convert (file sizes only; segments deleted meanwhile are skipped)."""
+    segments = nbytes = 0
+    for seg in finished_segments(wal_dir):
+        if seg.seq > converted_through:
+            try:
+                nbytes += seg.path.stat().st_size
+            except FileNotFoundError:
+                continue
+            segments += 1
+    return segments, nbytes
+
+
+@dataclass(frozen=True)
+class SegmentSpan:
+    """A finished WAL segment's sequence number, path and frontiers: what a conversion is
+    planned over (lamina.trace.plan)."""
+
+    seq: int
+    path: str
+    lower: int
+    upper: int
+    since: int
+    bytes: int
+
+
+def segment_spans(wal_dir: Path, relation: str, *, after: int = 0,
+                  known: Mapping[int, SegmentSpan] | None = None) -> Iterator[SegmentSpan]:
+    """The finished segments numbered ``after + 1, after + 2, ...`` in order, up to the
+    first gap (a missing or still open segment), lazily: the caller stops when it has
+    enough. Frontiers come from frame headers only (:func:`read_frontiers`); the payloads
+    are verified by whoever decodes them. ``known`` spans are reused instead of re-read
+    (finished segments never change)."""
+    expected = after + 1
+    for seg in finished_segments(wal_dir):
+        if seg.seq <= after:
+            continue
+        if seg.seq != expected:
+            return
+        span = (known or {}).get(seg.seq)
+        if span is None:
+            scan = read_frontiers(seg, relation)
+            span = SegmentSpan(seq=seg.seq, path=str(seg.path), lower=scan.lower,
+                               upper=scan.upper, since=scan.since, bytes=scan.valid_end)
+        yield span
+        expected += 1

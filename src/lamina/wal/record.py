@@ -15,8 +15,7 @@ Payloads by type:
   ``append`` call is one record, so an append is all-or-nothing after a crash.
 - ``PROGRESS`` (2) and ``SINCE`` (3): a frontier, 9 bytes: u64 value, then u8 flag
   (1 = the empty frontier, "closed for ever", with value 0). In Python a frontier is an
-  ``int`` in ``[0, CLOSED]`` where ``CLOSED = 2**64`` stands for the empty frontier, so
-  ``time < upper`` reads the same for both.
+  ``int`` in ``[0, CLOSED]`` (lamina.frontier), the flag set for ``CLOSED``.
 
 The checksum covers the type so that a flipped type byte is caught; the length is
 checked against the bytes that follow and against ``MAX_PAYLOAD``, so a flipped length
@@ -29,20 +28,20 @@ import enum
 import re
 import struct
 from dataclasses import dataclass
+from typing import Any
 
+import crc32c as _crc32c
 import pyarrow as pa
 
 from lamina.errors import CorruptionError
+from lamina.frontier import CLOSED
 from lamina.fs import crc32c
 
-CLOSED = 2**64
-"""The empty frontier: every time is closed."""
-
-MAX_TIME = 2**64 - 1
 HEADER = struct.Struct("<IBI")
 HEADER_SIZE = HEADER.size
 MAX_PAYLOAD = 1 << 30
 _FRONTIER = struct.Struct("<QB")
+_crc = _crc32c.crc32c  # over the many small pieces of a record, without a wrapper's call
 _TYPE_BYTE = re.compile(rb"[\x01-\x03]")  # the RecordType values, for find_valid_frame
 
 
@@ -91,31 +90,91 @@ def encode_updates(table: pa.Table) -> bytes:
     return data
 
 
-def encode_updates_record(table: pa.Table, scratch: bytearray | None = None) -> memoryview:
-    """The bytes of ``frame(UPDATES, encode_updates(table))``, built in one buffer.
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+"""The end-of-stream marker of an Arrow IPC stream (continuation marker, length 0)."""
 
-    The write path of ``append``: the Arrow IPC stream is sized on a MockOutputStream (no
-    data copied) and then serialized once, straight behind the record header, so a large
-    append costs one copy of its data instead of four (stream growth, ``to_pybytes``,
-    ``bytes(payload)``, header concatenation).
 
-    The record is built in ``scratch`` when it is big enough (the result is then a view of
-    it, valid until ``scratch`` is reused), else in a new bytearray (the view's ``.obj``,
-    which the caller may keep as the next scratch). Reusing one buffer spares every large
-    append the page faults and zeroing of fresh memory (docs/performance.md)."""
-    mock = pa.MockOutputStream()
-    with pa.ipc.new_stream(mock, table.schema, options=_WRITE_OPTIONS) as writer:
-        writer.write_table(table)
-    size = mock.size()
-    if scratch is None or len(scratch) < HEADER_SIZE + size:
-        scratch = bytearray(HEADER_SIZE + size)
-    out = memoryview(scratch)[:HEADER_SIZE + size]
-    with pa.FixedSizeBufferWriter(pa.py_buffer(out[HEADER_SIZE:])) as sink, \
-            pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
-        writer.write_table(table)
-    rtype = RecordType.UPDATES
-    HEADER.pack_into(out, 0, size, rtype, crc32c(out[HEADER_SIZE:], crc32c(bytes((rtype,)))))
-    return out
+class _Parts:
+    """The file object behind an encoder's ``pyarrow.PythonFile``: Arrow's IPC writer hands
+    it each piece of the stream, metadata as small ``bytes`` and each column buffer as a
+    ``pyarrow.Buffer`` over the table's own memory (no copy); ``write`` just keeps them."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.pieces: list[Any] = []
+        self.write = self.pieces.append
+
+    def flush(self) -> None:
+        pass
+
+
+class UpdatesEncoder:
+    """Encodes UPDATES records of one schema as a list of buffers, for ``writev``.
+
+    ``encode(table)`` returns the pieces whose concatenation is exactly
+    ``frame(UPDATES, encode_updates(table))``: the record header, the stream's schema
+    message, the table's record batch messages (their metadata, and the column buffers
+    themselves, not copies), the end-of-stream marker. The CRC32C is continued over the
+    pieces, so no byte of the table is copied before the kernel copies it into the file;
+    that copy and the checksum pass are all the work left per byte (docs/performance.md).
+
+    One IPC stream writer is kept open for all of the encoder's records (started with an
+    empty batch, whose output is dropped), which spares each append setting up a stream;
+    the schema message, taken once from a stream closed at once, is put before every
+    record's batches. This is byte-for-byte a fresh stream per record because a stream
+    writer keeps no state between batches, except for dictionary-encoded columns (a
+    dictionary is written once per stream): a schema with one gets a fresh stream per
+    record. tests/wal/test_record.py checks the equality over random schemas and tables.
+
+    Not thread-safe: one encoder per appending thread. A record's pieces hold the table's
+    buffers alive while the caller holds the list."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        probe = _Parts()
+        pa.ipc.new_stream(pa.PythonFile(probe, mode="w"), schema, options=_WRITE_OPTIONS).close()
+        stream = b"".join(probe.pieces)
+        if not stream.endswith(_EOS):  # pragma: no cover - a pyarrow that writes otherwise
+            raise RuntimeError("pyarrow wrote an IPC stream without the expected end marker")
+        self._schema_message = stream[:-len(_EOS)]
+        self._start_crc = crc32c(self._schema_message, crc32c(bytes((RecordType.UPDATES,))))
+        self._fixed = len(self._schema_message) + len(_EOS)
+        self._sink = _Parts()
+        self._file = pa.PythonFile(self._sink, mode="w")
+        self._writer: Any = None
+        if not _has_dictionary(schema):
+            self._writer = pa.ipc.new_stream(self._file, schema, options=_WRITE_OPTIONS)
+            self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema))  # starts it
+        self._sink.pieces.clear()
+
+    def encode(self, table: pa.Table) -> tuple[list[Any], int]:
+        """The pieces of ``table``'s record (header first) and the record's length in bytes."""
+        pieces = self._sink.pieces
+        pieces.clear()
+        if self._writer is not None:
+            self._writer.write_table(table)
+        else:
+            with pa.ipc.new_stream(self._file, self.schema, options=_WRITE_OPTIONS) as writer:
+                writer.write_table(table)
+            pieces[:] = [b"".join(pieces)[len(self._schema_message):-len(_EOS)]]
+        crc = self._start_crc
+        size = self._fixed
+        for piece in pieces:
+            crc = _crc(piece, crc)
+            size += len(piece)
+        crc = _crc(_EOS, crc)
+        record = [HEADER.pack(size, RecordType.UPDATES, crc), self._schema_message, *pieces,
+                  _EOS]
+        pieces.clear()  # the table's buffers stay referenced by the record alone
+        return record, HEADER_SIZE + size
+
+
+def _has_dictionary(schema: pa.Schema) -> bool:
+    def walk(t: pa.DataType) -> bool:
+        return pa.types.is_dictionary(t) or any(walk(t.field(i).type)
+                                                for i in range(t.num_fields))
+    return any(walk(f.type) for f in schema)
 
 
 _READ_OPTIONS = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific)

@@ -22,17 +22,20 @@ Invariants:
 - A finished segment ends with a PROGRESS record, its ``upper``, and never changes.
 - PROGRESS and SINCE values never decrease within a segment.
 
-Scanning rules (DESIGN §4): in the open segment a bad frame with no valid frame after it
+Scanning rules (docs/architecture.md, torn tail vs corruption): in the open segment a bad frame
+with no valid frame after it
 is a torn tail (cut off on recovery); a bad frame followed by a valid one is corruption.
 In a finished segment any damage is corruption. Corruption names file and offset.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lamina.errors import CorruptionError
 from lamina.fs import crc32c
 from lamina.wal.record import (
     HEADER,
@@ -53,6 +56,8 @@ MAGIC = b"LAMINAWL"
 FORMAT_VERSION = 1
 _FIXED = struct.Struct("<8sHHQ")
 FINISHED_SUFFIX = ".wal"
+_FRONTIER_SIZE = len(encode_frontier(0))
+_WALK_BLOCK = 64 << 10  # read_frontiers reads this much at a record's start
 OPEN_SUFFIX = ".wal.open"
 
 
@@ -228,30 +233,47 @@ def scan_file(seg: SegmentFile, relation: str | None = None) -> tuple[Scan, byte
 
 
 def read_frontiers(seg: SegmentFile, relation: str) -> Scan:
-    """The frontiers of a finished segment, reading only its header, the frame headers and
-    the frontier records' payloads (seeking past update payloads).
+    """The frontiers of a segment, reading only its header, the frame headers and the
+    frontier records' payloads (seeking past update payloads).
 
     Update records are framed-checked (type, length within the file) but their checksums
-    are left to whoever decodes them (the conversion tasks); frontier records are fully
-    verified. Returns a Scan with ``lower``, ``upper``, ``since`` and ``valid_end`` (the file
-    size) set and no records. Any damage raises CorruptionError, as in :func:`scan_buffer`."""
+    are left to whoever decodes them (conversion tasks, readers); frontier records are
+    fully verified. Returns a Scan with ``lower``, ``upper``, ``since`` and ``valid_end``
+    (the file size) set and only the frontier records in ``records``. In a finished segment
+    any damage raises CorruptionError, as in :func:`scan_buffer`. In the open segment any
+    irregularity (a torn tail, a frame the writer is still writing, damage) falls back to a
+    full :func:`scan_file`, which applies the torn-tail vs corruption rules above exactly."""
+    if seg.finished:
+        return _walk_frontiers(seg, relation)
+    try:
+        return _walk_frontiers(seg, relation)
+    except CorruptionError:
+        return scan_file(seg, relation)[0]
+
+
+def _walk_frontiers(seg: SegmentFile, relation: str) -> Scan:
     path = seg.path
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        f.seek(0)
-        head = f.read(_FIXED.size + 64 + 4 + 8)
+    fd = os.open(path, os.O_RDONLY)
+    try:  # unbuffered reads at a record's start: a block holding the next few records'
+        # headers while updates are small, just one header (or frontier record) while
+        # they are large
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, _FIXED.size + 64 + 4 + 8, 0)
         rel, hseq, offset = _read_header(memoryview(head), path, finished=True) or ("", 0, 0)
         if rel != relation or hseq != seg.seq:
             raise corrupt(path, 0, f"segment header names {rel!r} #{hseq}, expected "
                                    f"{relation!r} #{seg.seq}")
         scan = Scan(path=path, seq=hseq, relation=rel, valid_end=size)
-        last: RecordType | None = None
+        last: int | None = None
+        block, base = b"", offset  # the file's bytes [base, base + len(block))
+        want = _WALK_BLOCK
         while offset < size:
-            f.seek(offset)
-            header = f.read(HEADER_SIZE)
-            if len(header) < HEADER_SIZE:
+            at = offset - base
+            if at + HEADER_SIZE + _FRONTIER_SIZE > len(block) and base + len(block) < size:
+                block, base, at = os.pread(fd, want, offset), offset, 0
+            if len(block) - at < HEADER_SIZE:
                 raise corrupt(path, offset, "incomplete record header in a finished segment")
-            length, rtype, _crc = HEADER.unpack(header)
+            length, rtype, _crc = HEADER.unpack_from(block, at)
             end = offset + HEADER_SIZE + length
             if rtype not in RecordType._value2member_map_ or length > MAX_PAYLOAD or end > size:
                 raise corrupt(path, offset, "bad record frame in a finished segment")
@@ -259,13 +281,20 @@ def read_frontiers(seg: SegmentFile, relation: str) -> Scan:
                 if last is None:
                     raise corrupt(path, offset, "segment starts with an UPDATES record, "
                                                 "expected PROGRESS")
+                want = _WALK_BLOCK if length <= _WALK_BLOCK // 8 else HEADER_SIZE + _FRONTIER_SIZE
             else:
-                rec = read_frame(memoryview(header + f.read(length)), 0)
+                raw = block[at:at + HEADER_SIZE + length]
+                if len(raw) < HEADER_SIZE + length:  # a bad one, which read_frame names
+                    raw = os.pread(fd, HEADER_SIZE + length, offset)
+                rec = read_frame(memoryview(raw), 0)
                 if isinstance(rec, BadFrame):
                     raise corrupt(path, offset, f"{rec.reason} in a finished segment")
-                _apply(scan, Record(offset, rec.rtype, rec.payload), first=last is None)
-            last = RecordType(rtype)
+                scan.records.append(Record(offset, rec.rtype, rec.payload))
+                _apply(scan, scan.records[-1], first=last is None)
+            last = rtype
             offset = end
-    if last is not RecordType.PROGRESS:
+    finally:
+        os.close(fd)
+    if last != RecordType.PROGRESS and (seg.finished or last is None):
         raise corrupt(path, size, "finished segment does not end with a progress record")
     return scan

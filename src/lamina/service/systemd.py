@@ -16,21 +16,24 @@ path, or an abstract name written with a leading ``@``), and with ``WatchdogSec=
 
 Everything is a no-op when ``NOTIFY_SOCKET`` is unset (a laptop, Docker, tests). A failed
 send is logged and reported by the return value, never raised: losing a notification must
-not stop the compactor (if ``READY=1`` is lost, systemd times the start out and says so).
+not stop the service (if ``READY=1`` is lost, systemd times the start out and says so).
+:func:`watchdog_loop` is the ping task both daemons run on their event loop.
 
-The Spark JVM and Python workers inherit the environment; with ``NotifyAccess=main`` (as in
-``deploy/systemd/lamina-compacter.service``) systemd ignores anything they might send.
+The compacter's Spark JVM and Python workers inherit the environment; with
+``NotifyAccess=main`` (as in ``deploy/systemd/lamina-compacter.service``) systemd ignores
+anything they might send.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Mapping
 
 import structlog
 
-__all__ = ["Notifier", "watchdog_interval"]
+__all__ = ["Notifier", "watchdog_interval", "watchdog_loop"]
 
 log = structlog.get_logger(__name__)
 
@@ -135,3 +138,14 @@ def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
         if pid != os.getpid():
             return None
     return usec / 2_000_000
+
+
+async def watchdog_loop(notifier: Notifier, interval: float | None) -> None:
+    """Ping ``WATCHDOG=1`` every ``interval`` seconds until cancelled; returns at once when
+    the watchdog is off (``interval`` None). Run it as a task on the service's event loop,
+    so a stuck loop is what trips the watchdog."""
+    if interval is None:
+        return
+    while True:
+        notifier.watchdog()
+        await asyncio.sleep(interval)

@@ -1,0 +1,234 @@
+"""The daemon with the in-process executor (no JVM): discovery, quarantine beside a healthy
+relation, a relation dropped while its job runs, and shutdown on real signals, in process
+(``Daemon.run`` on this test's event loop, SIGTERM sent to this process) and as a real
+``lamina serve`` subprocess (a second SIGTERM cancels the job still running)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from lamina import failpoints
+from lamina.compacter.daemon import Daemon
+from lamina.compacter.inprocess import InProcessExecutor
+from lamina.drill.procs import DaemonProcess, free_port
+from lamina.fs import FileSystem
+from lamina.layout import Layout
+from lamina.store import Store
+from lamina.trace.state import StateStore
+from lamina.wal.reader import finished_segments
+from tests.compacter.backlog import (
+    backlog,
+    corrupt_payload,
+    sample,
+    settings,
+    snapshot,
+    until,
+    writing,
+)
+
+
+def _daemon(root: Path, **overrides: Any) -> Daemon:
+    return Daemon(settings(root, http=f"127.0.0.1:{free_port()}", **overrides))
+
+
+def _caught_up(root: Path, name: str) -> bool:
+    layout = Layout(root)
+    states = StateStore(layout.trace_dir(name), FileSystem())
+    state = states.load_latest() if states.dir.exists() else None
+    if state is None:
+        return False
+    return not any(s.seq > state.converted_through
+                   for s in finished_segments(layout.wal_dir(name)))
+
+
+def _versions(root: Path, name: str) -> list[int]:
+    states = StateStore(Layout(root).trace_dir(name), FileSystem())
+    return states.versions() if states.dir.exists() else []
+
+
+def test_converts_beside_a_quarantined_relation_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """Two relations: one has a corrupt segment and is quarantined (readiness says so),
+    the other is converted; SIGTERM ends the daemon with 0."""
+    good = backlog(tmp_path, "good", rounds=8)
+    backlog(tmp_path, "bad", rounds=6)
+    corrupt_payload(finished_segments(Layout(tmp_path).wal_dir("bad"))[0].path)
+    daemon = _daemon(tmp_path)
+
+    async def run() -> int:
+        task = asyncio.create_task(daemon.run())
+        await until("the good relation", lambda: _caught_up(tmp_path, "good"))
+        await until("the quarantine", lambda: Layout(tmp_path).quarantine_reason("bad")
+                    is not None)
+        ok, why = daemon.readiness()
+        assert not ok
+        assert why == "quarantined relations: bad"
+        await until("the ready gauge (set at each scan)",
+                    lambda: sample(daemon.metrics, "lamina_ready") == 0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return await asyncio.wait_for(task, 10)
+
+    with capture_logs() as logs:
+        assert asyncio.run(run()) == 0
+    events = [e["event"] for e in logs]
+    assert "daemon.starting" in events
+    assert events[-1] == "daemon.stopped"
+    assert "daemon.ready" in events
+    assert "shutdown.requested" in events
+    assert "shutdown.grace_expired" not in events
+    assert sample(daemon.metrics, "lamina_relation_quarantined", relation="bad") == 1
+    for as_of in good.as_of_points():
+        assert snapshot(tmp_path, "good", as_of) == good.snapshot(as_of)
+
+
+def test_dropping_a_relation_cancels_its_running_job(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relation's conversion is in flight (its thread sleeps before publishing its
+    first file) when the relation is dropped: the daemon cancels the job at its next scan,
+    commits nothing, removes the trace, and the name can be used again."""
+    backlog(tmp_path, rounds=6)
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:3"))
+    daemon = _daemon(tmp_path)
+    trace_dir = Layout(tmp_path).trace_dir("orders")
+
+    async def run() -> float:
+        task = asyncio.create_task(daemon.run())
+        ex: Any = None
+
+        def in_flight() -> bool:
+            nonlocal ex
+            ex = daemon.executor
+            return (isinstance(ex, InProcessExecutor) and ex.running().get("orders") == 1
+                    and writing(trace_dir))
+
+        await until("the conversion to start", in_flight)
+        with Store.open(tmp_path) as store:
+            store.drop_relation("orders")
+        dropped = time.monotonic()
+        await until("the relation to be forgotten", lambda: "orders" not in daemon.pipelines)
+        forgotten = time.monotonic() - dropped
+        assert ex.running() == {}
+        await until("the trace to be removed", lambda: not trace_dir.exists())
+        daemon.stop.set()
+        assert await asyncio.wait_for(task, 10) == 0
+        return forgotten
+
+    with capture_logs() as logs:
+        forgotten = asyncio.run(run())
+    assert forgotten < 1.5, "the drop waited for the job instead of cancelling it"
+    [gone] = [e for e in logs if e["event"] == "relation.forgotten"]
+    assert gone["jobs_cancelled"] == 1
+    assert not any(e["event"] == "conversion.committed" for e in logs)
+    assert sample(daemon.metrics, "lamina_jobs_total", kind="conversion",
+                  outcome="cancelled") == 1
+    assert daemon.metrics.registry.get_sample_value(
+        "lamina_wal_pending_bytes", {"relation": "orders"}) is None
+    time.sleep(3)  # the abandoned thread wakes and fails; nothing of it becomes visible
+    assert not trace_dir.exists() or _versions(tmp_path, "orders") == []
+
+
+def test_in_flight_job_finishes_within_the_grace_period(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    oracle = backlog(tmp_path, rounds=4)
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:0.5"))
+    daemon = _daemon(tmp_path, shutdown_grace_seconds=10)
+
+    async def run() -> int:
+        task = asyncio.create_task(daemon.run())
+        await until("the conversion to start", lambda: isinstance(
+            daemon.executor, InProcessExecutor) and bool(daemon.executor.running()))
+        os.kill(os.getpid(), signal.SIGTERM)
+        return await asyncio.wait_for(task, 10)
+
+    with capture_logs() as logs:
+        assert asyncio.run(run()) == 0
+    events = [e["event"] for e in logs]
+    assert events.index("shutdown.requested") < events.index("conversion.committed")
+    assert "shutdown.grace_expired" not in events
+    assert _caught_up(tmp_path, "orders")
+    for as_of in oracle.as_of_points():
+        assert snapshot(tmp_path, "orders", as_of) == oracle.snapshot(as_of)
+
+
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_grace_period_then_cancel_or_a_second_signal_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second_signal: bool) -> None:
+    """A job that outlasts the grace period is cancelled when it ends; a second SIGTERM
+    cancels it at once (the grace period here is far longer than the test)."""
+    backlog(tmp_path, rounds=4)
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:5"))
+    grace = 60.0 if second_signal else 0.5
+    daemon = _daemon(tmp_path, shutdown_grace_seconds=grace)
+
+    async def run() -> float:
+        task = asyncio.create_task(daemon.run())
+        await until("the conversion to start", lambda: isinstance(
+            daemon.executor, InProcessExecutor) and bool(daemon.executor.running()))
+        os.kill(os.getpid(), signal.SIGTERM)
+        started = time.monotonic()
+        if second_signal:
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(task, 10) == 0
+        return time.monotonic() - started
+
+    with capture_logs() as logs:
+        took = asyncio.run(run())
+    events = [e["event"] for e in logs]
+    assert took < 2.0
+    assert ("shutdown.escalated" in events) is second_signal
+    assert ("shutdown.grace_expired" in events) is not second_signal
+    assert "conversion.committed" not in events
+    assert sample(daemon.metrics, "lamina_jobs_total", kind="conversion",
+                  outcome="cancelled") == 1
+    assert _versions(tmp_path, "orders") == []
+
+
+@pytest.mark.slow
+def test_second_sigterm_to_lamina_serve_cancels_and_exits(tmp_path: Path) -> None:
+    """A real ``lamina serve`` (in-process executor) whose conversion sleeps for a minute:
+    the first SIGTERM leaves it running (grace 60 s), the second ends it at once with exit
+    code 0, and nothing was committed."""
+    data = tmp_path / "data"
+    backlog(data, rounds=4)
+    log_path = tmp_path / "daemon.log"
+    env = {"LAMINA_EXECUTOR": "inprocess", "LAMINA_SHUTDOWN_GRACE_SECONDS": "60",
+           "LAMINA_FAILPOINTS": "fs.before_rename=sleep:60"}
+    with DaemonProcess(data, log_path, extra_env=env) as daemon:
+        daemon.wait_ready(30)
+        deadline = time.monotonic() + 30
+        while "conversion.started" not in _events(log_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "conversion.started" in _events(log_path)
+        daemon.signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert daemon.proc.poll() is None, "the first SIGTERM did not wait for the job"
+        assert "shutdown.requested" in _events(log_path)
+        daemon.signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert daemon.wait(20) == 0
+        assert time.monotonic() - started < 5
+    events = _events(log_path)
+    assert events.index("shutdown.escalated") < events.index("daemon.stopped")
+    assert "conversion.committed" not in events
+    assert _versions(data, "orders") == []
+
+
+def _events(path: Path) -> list[str]:
+    out = []
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(str(json.loads(line).get("event")))
+            except ValueError:
+                continue
+    return out

@@ -1,0 +1,262 @@
+"""One relation's pipeline, run in process over the in-process executor (no Spark):
+conversion, merge and GC; retries with backoff counted by the kind that failed;
+quarantine on corruption; stale plans re-planned; cancelled jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from lamina import failpoints
+from lamina.compacter.inprocess import InProcessExecutor
+from lamina.compacter.jobs import ConversionResult
+from lamina.compacter.metrics import Metrics
+from lamina.compacter.pipeline import RelationPipeline
+from lamina.layout import Layout
+from lamina.trace import reference
+from lamina.trace.plan import ConversionPlan, plan_conversion, plan_merge
+from lamina.trace.trace import Trace
+from lamina.wal.reader import finished_segments
+from tests.compacter.backlog import (
+    backlog,
+    corrupt_payload,
+    pipeline,
+    sample,
+    snapshot,
+    until,
+    writing,
+)
+from tests.trace.helpers import Oracle
+
+
+async def _run_until(pipe: RelationPipeline, cond: Any, timeout: float = 20.0) -> None:
+    """Run the pipeline until ``cond()``, then stop it and wait for it to end."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(pipe.run(stop))
+    try:
+        await until("the pipeline", lambda: cond() or task.done(), timeout)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def _caught_up(pipe: RelationPipeline) -> Any:
+    def cond() -> bool:
+        return (pipe.trace is not None and not any(
+            s.seq > pipe.trace.state.converted_through for s in finished_segments(pipe.wal_dir)))
+    return cond
+
+
+def _merged(pipe: RelationPipeline) -> bool:
+    return pipe.trace is not None and plan_merge(pipe.trace.state) is None
+
+
+def _check(root: Path, oracle: Oracle) -> None:
+    for as_of in oracle.as_of_points():
+        assert snapshot(root, "orders", as_of) == oracle.snapshot(as_of)
+
+
+def test_converts_merges_and_collects(tmp_path: Path) -> None:
+    """Many segments become batches (several jobs, per ``max_segments_per_job``), adjacent
+    batches of one level merge, GC deletes what merges left; the data reads back."""
+    oracle = backlog(tmp_path, rounds=16)
+    pipe = pipeline(tmp_path, max_segments_per_job=2, gc_interval_seconds=0.01,
+                    gc_grace_seconds=0, keep_versions=1)
+    asyncio.run(_run_until(pipe, lambda: _caught_up(pipe)() and _merged(pipe) and sample(
+        pipe.metrics, "lamina_gc_deleted_files_total") > 0))
+    m = pipe.metrics
+    assert sample(m, "lamina_jobs_total", kind="conversion", outcome="success") >= 4
+    assert sample(m, "lamina_jobs_total", kind="merge", outcome="success") >= 2
+    assert sample(m, "lamina_jobs_total", kind="gc", outcome="success") >= 1
+    assert sum(sample(m, "lamina_job_retries_total", kind=k)
+               for k in ("conversion", "merge", "gc")) == 0
+    assert pipe.trace is not None
+    levels = [b.level for b in pipe.trace.state.batches]
+    assert all(a != b for a, b in itertools.pairwise(levels))
+    _check(tmp_path, oracle)
+
+
+def test_a_failed_job_is_retried_with_backoff(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first conversion attempt fails (EIO publishing its first file): the attempt is
+    counted as a failure and a conversion retry, the retry waits ``retry_initial_seconds``,
+    then succeeds."""
+    oracle = backlog(tmp_path, rounds=4)
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=error"))
+    pipe = pipeline(tmp_path, retry_initial_seconds=0.3)
+    with capture_logs() as logs:
+        asyncio.run(_run_until(pipe, _caught_up(pipe)))
+    m = pipe.metrics
+    assert sample(m, "lamina_jobs_total", kind="conversion", outcome="failure") == 1
+    assert sample(m, "lamina_job_retries_total", kind="conversion") == 1
+    assert sample(m, "lamina_jobs_total", kind="conversion", outcome="success") == 1
+    [retry] = [e for e in logs if e["event"] == "conversion.retrying"]
+    assert retry["retry_in_seconds"] == 0.3
+    assert "fail point fs.before_rename" in retry["error"]
+    [done] = [e for e in logs if e["event"] == "conversion.committed"]
+    assert done["duration_seconds"] >= 0.3  # the backoff is part of the step's time
+    _check(tmp_path, oracle)
+
+
+def test_backoff_doubles_up_to_the_maximum(tmp_path: Path) -> None:
+    """A failure that persists (the trace's batches directory is a file) is retried at
+    0.1, 0.2, 0.4, 0.4 ... seconds; once the cause is gone, the conversion commits."""
+    oracle = backlog(tmp_path, rounds=4)
+    pipe = pipeline(tmp_path, retry_initial_seconds=0.1, retry_max_seconds=0.4)
+    blocker = Layout(tmp_path).trace_dir("orders") / "batches"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_bytes(b"not a directory")
+
+    async def run() -> list[dict[str, Any]]:
+        with capture_logs() as logs:
+            stop = asyncio.Event()
+            task = asyncio.create_task(pipe.run(stop))
+            await until("four retries", lambda: sum(
+                e["event"] == "conversion.retrying" for e in logs) >= 4)
+            blocker.unlink()
+            await until("the conversion", _caught_up(pipe))
+            stop.set()
+            await task
+        return logs
+
+    logs = asyncio.run(run())
+    delays = [e["retry_in_seconds"] for e in logs if e["event"] == "conversion.retrying"]
+    assert delays[:4] == [0.1, 0.2, 0.4, 0.4]
+    assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == len(delays)
+    _check(tmp_path, oracle)
+
+
+@pytest.mark.parametrize(("point", "kind"), [("trace.mid_merge", "merge"),
+                                             ("gc.before_delete", "gc")])
+def test_a_failed_pass_is_counted_under_its_own_kind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str, kind: str) -> None:
+    """A merge whose commit fails, or a GC that fails deleting, is retried on the next
+    pass and counted as a retry of a merge or a GC, not of a conversion."""
+    oracle = backlog(tmp_path, rounds=12)
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse(f"{point}=error"))
+    pipe = pipeline(tmp_path, max_segments_per_job=2, gc_interval_seconds=0.01,
+                    gc_grace_seconds=0, keep_versions=1)
+    with capture_logs() as logs:
+        asyncio.run(_run_until(pipe, lambda: _caught_up(pipe)() and sample(
+            pipe.metrics, "lamina_jobs_total", kind=kind, outcome="success") > 0))
+    m = pipe.metrics
+    assert sample(m, "lamina_job_retries_total", kind=kind) == 1
+    assert sample(m, "lamina_job_retries_total", kind="conversion") == 0
+    [failed] = [e for e in logs if e["event"] == "pipeline.retrying"]
+    assert failed["kind"] == kind
+    assert f"fail point {point}" in failed["error"]
+    if kind == "gc":
+        assert sample(m, "lamina_jobs_total", kind="gc", outcome="failure") == 1
+    _check(tmp_path, oracle)
+
+
+def test_corruption_quarantines_the_relation(tmp_path: Path) -> None:
+    backlog(tmp_path, rounds=6)
+    seg = finished_segments(Layout(tmp_path).wal_dir("orders"))[1]
+    corrupt_payload(seg.path)
+    pipe = pipeline(tmp_path)
+    with capture_logs() as logs:
+        asyncio.run(_quarantined(pipe))
+    assert pipe.quarantined is not None
+    assert str(seg.path) in pipe.quarantined
+    reason = Layout(tmp_path).quarantine_reason("orders")
+    assert reason is not None
+    assert str(seg.path) in reason
+    assert sample(pipe.metrics, "lamina_relation_quarantined", relation="orders") == 1
+    assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == 0
+    [event] = [e for e in logs if e["event"] == "relation.quarantined"]
+    assert event["log_level"] == "error"
+    assert pipe.trace is not None
+    assert pipe.trace.state.version == 0
+
+
+async def _quarantined(pipe: RelationPipeline) -> None:
+    """Run until the pipeline ends by itself (it must: quarantine ends it)."""
+    await asyncio.wait_for(pipe.run(asyncio.Event()), 20)
+
+
+class RacingExecutor(InProcessExecutor):
+    """The in-process executor, except that while its first conversion runs another step
+    commits a conversion of the first segment through the same trace: the plan the
+    pipeline made is stale by the time it commits."""
+
+    raced = False
+
+    async def convert(self, relation: str, trace: Trace,
+                      plan: ConversionPlan) -> ConversionResult:
+        if not self.raced:
+            self.raced = True
+            await asyncio.to_thread(reference.convert, trace,
+                                    plan_conversion(trace.state, plan.segments[:1]))
+        return await super().convert(relation, trace, plan)
+
+
+def test_a_stale_plan_is_planned_again_not_quarantined(tmp_path: Path) -> None:
+    oracle = backlog(tmp_path, rounds=8)
+    pipe = pipeline(tmp_path, executor=RacingExecutor(1))
+    with capture_logs() as logs:
+        asyncio.run(_run_until(pipe, _caught_up(pipe)))
+    assert pipe.quarantined is None
+    assert pipe.stopped is None
+    assert Layout(tmp_path).quarantine_reason("orders") is None
+    [stale] = [e for e in logs if e["event"] == "conversion.replanned"]
+    assert "plan again" in stale["error"]
+    assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == 1
+    _check(tmp_path, oracle)
+
+
+def test_a_cancelled_job_ends_the_pipeline_when_stopping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stop set and the running job cancelled (what shutdown does): the pipeline ends at
+    once, counts the job as cancelled, commits nothing and does not retry."""
+    backlog(tmp_path, rounds=4)
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:2"))
+    ex = InProcessExecutor(1)
+    pipe = pipeline(tmp_path, executor=ex)
+
+    async def run() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(pipe.run(stop))
+        await until("the job", lambda: bool(ex.running()))
+        stop.set()
+        started = time.monotonic()
+        assert ex.cancel_all() == 1
+        await asyncio.wait_for(task, 5)
+        return time.monotonic() - started
+
+    assert asyncio.run(run()) < 0.5
+    m = pipe.metrics
+    assert sample(m, "lamina_jobs_total", kind="conversion", outcome="cancelled") == 1
+    assert sample(m, "lamina_jobs_total", kind="conversion", outcome="success") == 0
+    assert sample(m, "lamina_job_retries_total", kind="conversion") == 0
+    assert pipe.trace is not None
+    assert pipe.trace.state.version == 0
+
+
+def test_a_dropped_relation_stops_its_pipeline(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The WAL directory vanishes while a job runs and the job is cancelled: the pipeline
+    notices the drop and ends for good (no retry)."""
+    backlog(tmp_path, rounds=4)
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:2"))
+    ex = InProcessExecutor(1)
+    pipe = pipeline(tmp_path, executor=ex, metrics=Metrics())
+    trace_dir = Layout(tmp_path).trace_dir("orders")
+
+    async def run() -> None:
+        task = asyncio.create_task(pipe.run(asyncio.Event()))
+        await until("the job", lambda: bool(ex.running()) and writing(trace_dir))
+        shutil.rmtree(pipe.wal_dir)
+        assert ex.cancel_relation("orders") == 1
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(run())
+    assert pipe.stopped == "relation dropped"
+    assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == 0
