@@ -19,9 +19,13 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from lamina.compacter.metrics import Metrics
 from lamina.compacter.settings import Settings, load_settings
+from lamina.ingest.metrics import IngestMetrics
+from lamina.ingest.settings import IngestSettings
+from lamina.ingest.settings import load_settings as load_ingest_settings
 from tests.deploy.tools import exported_metric_names, promtool_check_metrics, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +51,9 @@ def load_yaml(path: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def exported() -> set[str]:
-    return exported_metric_names(Metrics().registry)
+    """Names the compacter or the ingest service exports (one dashboard, one rule file)."""
+    return (exported_metric_names(Metrics().registry)
+            | exported_metric_names(IngestMetrics().registry))
 
 
 def metric_names_in(expr: str) -> set[str]:
@@ -122,6 +128,10 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     multi-user.target and friends) and an executable stub at /opt/lamina/.venv/bin/lamina.
     Unknown keys and bad values are only warnings (exit code 0), so stderr is checked too.
     """
+    _verify_unit(UNIT, tmp_path)
+
+
+def _verify_unit(unit_path: Path, tmp_path: Path) -> None:
     analyze = require_tool("systemd-analyze")
     root = tmp_path / "root"
     stub = root / "opt/lamina/.venv/bin/lamina"
@@ -130,15 +140,15 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     stub.chmod(0o755)
     units = root / "etc/systemd/system"
     units.mkdir(parents=True)
-    shutil.copy(UNIT, units / UNIT.name)
+    shutil.copy(unit_path, units / unit_path.name)
     for system_units in (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system")):
         if system_units.is_dir():
             shutil.copytree(system_units, root / "usr/lib/systemd/system", symlinks=True)
             break
-    result = subprocess.run([analyze, "verify", f"--root={root}", UNIT.name],
+    result = subprocess.run([analyze, "verify", f"--root={root}", unit_path.name],
                             capture_output=True, text=True, timeout=120, check=False)
     ours = [line for line in (result.stdout + result.stderr).splitlines()
-            if UNIT.name in line or UNIT.stem in line]
+            if unit_path.name in line or unit_path.stem in line]
     assert result.returncode == 0, result.stdout + result.stderr
     assert not ours, "\n".join(ours)
 
@@ -355,3 +365,97 @@ def test_promtool_alert_unit_tests() -> None:
     result = subprocess.run([promtool, "test", "rules", str(ALERT_TESTS)],
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- lamina ingest ------------------------------------------------------------------------
+
+INGEST_UNIT = DEPLOY / "systemd" / "lamina-ingest.service"
+INGEST_DEFAULTS = IngestSettings.model_validate(
+    {"sources": [{"name": "s", "kind": "files", "path": "/x", "format": "jsonl",
+                  "schema": {"id": "int64"}}]})
+
+
+def test_fresh_ingest_metrics_pass_promtool_check_metrics() -> None:
+    metrics = IngestMetrics()
+    metrics.register_source("s", lambda: 0.0)
+    metrics.register_output("s", "s", lambda: 0)
+    metrics.set_output_state("s", "s", "running")
+    result = promtool_check_metrics(generate_latest(metrics.registry))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ingest_unit_has_required_directives() -> None:
+    unit = unit_directives(INGEST_UNIT)
+    svc = {k: v[-1] for k, v in unit["Service"].items()}
+    required = {
+        "Type": "notify", "NotifyAccess": "main", "WatchdogSec": "30",
+        "Restart": "on-failure", "KillSignal": "SIGTERM", "User": "lamina",
+        "Group": "lamina", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+        "ReadWritePaths": "/var/lib/lamina",
+        "ExecStart": "/opt/lamina/.venv/bin/lamina ingest --config /etc/lamina/ingest.toml",
+    }
+    wrong = {k: (svc.get(k), v) for k, v in required.items() if svc.get(k) != v}
+    assert not wrong, f"(found, wanted): {wrong}"
+    assert int(svc["TimeoutStopSec"]) >= INGEST_DEFAULTS.shutdown_grace_seconds + 10
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_ingest_unit_systemd_analyze_verify(tmp_path: Path) -> None:
+    _verify_unit(INGEST_UNIT, tmp_path)
+
+
+@pytest.mark.parametrize("path", [DEPLOY / "systemd" / "ingest.toml",
+                                  DEPLOY / "ingest" / "ingest.toml"])
+def test_example_ingest_configs_load(path: Path) -> None:
+    settings = load_ingest_settings(path, env={})
+    assert settings.http_host == "127.0.0.1"
+    assert {s.kind for s in settings.sources} <= {"files", "postgres"}
+    if path.parent.name == "systemd":
+        with path.open("rb") as f:
+            doc = tomllib.load(f)
+        assert set(doc) == set(IngestSettings.model_fields), "example and settings differ"
+        assert {s.kind for s in settings.sources} == {"files", "postgres"}
+
+
+def test_compose_runs_ingest_beside_the_compacter() -> None:
+    doc = load_yaml(COMPOSE)
+    ingest = doc["services"]["ingest"]
+    assert ingest["build"] == doc["services"]["compacter"]["build"]
+    assert ingest["command"][:2] == ["ingest", "--config"]
+    assert "lamina-data:/var/lib/lamina" in ingest["volumes"]
+    assert ingest["environment"]["LAMINA_INGEST_HTTP"].endswith(":9741")
+    config_dir = next(v.split(":")[0] for v in ingest["volumes"] if v.endswith("/etc/lamina:ro"))
+    assert (COMPOSE.parent / config_dir / "ingest.toml").is_file()
+    assert "9741" in " ".join(ingest["healthcheck"]["test"])
+    grace = ingest["stop_grace_period"]
+    assert int(grace[:-1]) >= INGEST_DEFAULTS.shutdown_grace_seconds + 10
+
+
+def test_prometheus_scrapes_ingest() -> None:
+    doc = load_yaml(PROMETHEUS)
+    [job] = [j for j in doc["scrape_configs"] if j["job_name"] == "lamina-ingest"]
+    [target] = job["static_configs"][0]["targets"]
+    assert target.endswith(f":{INGEST_DEFAULTS.http_port}")
+
+
+def test_ingest_alerts_and_panels_cover_stalls_and_lag() -> None:
+    rules = {r["alert"]: r for r in alert_rules()}
+    wanted = {
+        "LaminaIngestDown": "up",
+        "LaminaSourceStalled": "lamina_source_state",
+        "LaminaSourceOutputStalled": "lamina_source_output_state",
+        "LaminaSourceLagGrowing": "lamina_source_lag_seconds",
+        "LaminaSourceBacklogGrowing": "lamina_source_lag_offsets",
+    }
+    for alert, metric in wanted.items():
+        assert metric in metric_names_in(rules[alert]["expr"]), alert
+    dash = json.loads(DASHBOARD.read_text())
+    used: set[str] = set()
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            used |= metric_names_in(target["expr"])
+    for key in ("lamina_source_state", "lamina_source_output_state",
+                "lamina_source_lag_seconds", "lamina_source_lag_offsets",
+                "lamina_source_changes_total", "lamina_source_transactions_total",
+                "lamina_source_bindings_total", "lamina_source_resume_frontier"):
+        assert key in used, key

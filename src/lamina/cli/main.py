@@ -1,4 +1,4 @@
-"""The ``lamina`` command line (DESIGN §3): serve, status, snapshot, verify, drill.
+"""The ``lamina`` command line (README, Command line): serve, status, snapshot, verify, drill.
 
 Exit codes: 0 success; 1 a problem was found (verify, drill) or the command failed;
 2 bad usage or configuration.
@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lamina import failpoints
 from lamina.errors import ConfigError, LaminaError
+from lamina.frontier import fmt
 
 DEFAULT_DATA_DIR = "lamina-data"
 
@@ -35,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http", help="HOST:PORT for metrics and health "
                        "(default 127.0.0.1:9740)")
 
+    ingest = sub.add_parser("ingest", help="run the ingestion service (sources into "
+                            "relations, exactly once)")
+    ingest.add_argument("--config", required=True, help="TOML file with [[sources]]")
+    _data_dir_arg(ingest, None)
+    ingest.add_argument("--http", help="HOST:PORT for metrics, health and /v1/sources "
+                        "(default 127.0.0.1:9741)")
+
     status = sub.add_parser("status", help="per-relation frontiers, backlog and trace size")
     _data_dir_arg(status)
     status.add_argument("--json", action="store_true", help="print a JSON array")
@@ -43,8 +52,27 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("relation")
     snap.add_argument("--as-of", type=int, required=True, help="time to read at")
     _data_dir_arg(snap)
-    snap.add_argument("--format", choices=("csv", "jsonl", "parquet"), default="csv")
+    snap.add_argument("--format", choices=("csv", "jsonl", "parquet", "arrow"), default="csv")
     snap.add_argument("--output", help="file to write (default: standard output)")
+
+    subs = sub.add_parser("subscribe", help="stream a relation's snapshot, then its changes "
+                          "as the upper advances (until CLOSED, SIGINT or SIGTERM)")
+    subs.add_argument("relation")
+    subs.add_argument("--as-of", type=int, required=True, help="time of the first snapshot "
+                      "(with --no-snapshot: the last progress received minus one)")
+    subs.add_argument("--no-snapshot", action="store_true",
+                      help="resume: skip the snapshot, deliver updates after --as-of")
+    _data_dir_arg(subs)
+    subs.add_argument("--format", choices=("jsonl", "csv", "arrow"), default="jsonl")
+
+    look = sub.add_parser("lookup", help="the rows with the given keys at a time")
+    look.add_argument("relation")
+    look.add_argument("keys", nargs="+", metavar="KEY",
+                      help="key values; a multi-column key as comma-separated values")
+    look.add_argument("--as-of", type=int, required=True, help="time to read at")
+    _data_dir_arg(look)
+    look.add_argument("--format", choices=("csv", "jsonl", "parquet", "arrow"),
+                      default="csv")
 
     verify = sub.add_parser("verify", help="check every checksum and invariant")
     _data_dir_arg(verify)
@@ -64,18 +92,30 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--coordinators", type=int, default=2,
                        help="coordinator workloads killed in parallel, one relation each "
                        "(default 2)")
+    drill.add_argument("--ingest", choices=["files"], default=None,
+                       help="drill `lamina ingest` instead: a files source fed by a writer, "
+                       "killed at random and at the ingest.* fail points, the daemon running")
+    drill.add_argument("--no-daemon", action="store_true",
+                       help="with --ingest: do not run the compacter daemon alongside")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        failpoints.load_env()  # a malformed LAMINA_FAILPOINTS is a start-up error (exit 2)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "ingest":
+            return _ingest(args)
         if args.command == "status":
             return _status(args)
         if args.command == "snapshot":
             return _snapshot(args)
+        if args.command == "subscribe":
+            return _subscribe(args)
+        if args.command == "lookup":
+            return _lookup(args)
         if args.command == "verify":
             return _verify(args)
         if args.command == "drill":
@@ -119,6 +159,22 @@ def _serve(args: argparse.Namespace) -> int:
         return asyncio.run(Daemon(settings).run())
 
 
+def _ingest(args: argparse.Namespace) -> int:
+    from lamina import failpoints
+    from lamina.compacter.logs import configure_logging
+    from lamina.ingest.settings import load_settings as load_ingest_settings
+
+    failpoints.load_env()
+    settings = load_ingest_settings(args.config, overrides={
+        "data_dir": args.data_dir, "http": args.http})
+    configure_logging(settings.log_format, settings.log_level)
+    import uvloop
+
+    from lamina.ingest.service import IngestService
+
+    return int(uvloop.run(IngestService(settings).run()))
+
+
 def _status(args: argparse.Namespace) -> int:
     from lamina.layout import Layout
     from lamina.status import KEYS, store_status
@@ -142,41 +198,123 @@ def _status(args: argparse.Namespace) -> int:
 def _cell(v: Any) -> str:
     if isinstance(v, dict):
         return " ".join(f"L{k}:{n}" for k, n in v.items()) or "-"
-    if v == 2**64:
-        return "CLOSED"
-    return "-" if v is None else str(v)
+    return "-" if v is None else fmt(v) if isinstance(v, int) else str(v)
+
+
+def _open_output(path: str | None) -> Any:
+    """The binary sink for ``--output`` (standard output when None); an unwritable path is
+    a one-line error."""
+    if path is None:
+        return sys.stdout.buffer
+    try:
+        return open(path, "wb")
+    except OSError as exc:
+        raise LaminaError(f"cannot write --output {path}: {exc.strerror or exc}; pass a path "
+                          "in an existing, writable directory") from None
+
+
+def _write_out(args: argparse.Namespace, reader: Any, schema: Any) -> int:
+    from lamina.cli.encode import BatchWriter
+
+    sink = _open_output(getattr(args, "output", None))
+    try:
+        writer = BatchWriter(sink, schema, args.format)
+        for batch in reader:
+            writer.write(batch)
+        writer.close()
+    except BrokenPipeError:  # the reader of standard output went away (| head)
+        _silence_stdout()
+        return 0
+    except OSError as exc:
+        raise LaminaError(f"cannot write the output: {exc.strerror or exc}") from None
+    finally:
+        if sink is not sys.stdout.buffer:
+            sink.close()
+    return 0
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush
+    does not fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _snapshot(args: argparse.Namespace) -> int:
+    from lamina.store import Store
+
+    with Store.open(_require_data_dir(args.data_dir)) as store:
+        reader = store.relation(args.relation).snapshot_reader(args.as_of)
+        return _write_out(args, reader, reader.schema)
+
+
+def _lookup(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from lamina.store import Store
 
     with Store.open(_require_data_dir(args.data_dir)) as store:
-        table = store.relation(args.relation).snapshot(args.as_of)
-    out_path = Path(args.output) if args.output else None
-    if args.format == "parquet":
-        import pyarrow.parquet as pq
+        rel = store.relation(args.relation)
+        key = list(rel.key)
+        if not key:
+            raise LaminaError(f"relation {args.relation!r} has no key columns; use "
+                              "'lamina snapshot'")
+        values: list[list[str]] = [[] for _ in key]
+        for text in args.keys:
+            fields = text.split(",") if len(key) > 1 else [text]
+            if len(fields) != len(key):
+                raise ConfigError(f"key {text!r} has {len(fields)} values; relation "
+                                  f"{args.relation!r} has key columns {key}: pass "
+                                  "comma-separated values in that order")
+            for i, v in enumerate(fields):
+                values[i].append(v)
+        try:
+            keys = pa.table({k: pa.array(v, pa.string()).cast(rel.schema.field(k).type)
+                             for k, v in zip(key, values, strict=True)})
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ConfigError(f"keys {args.keys} do not parse as the key columns "
+                              f"{[str(rel.schema.field(k)) for k in key]}: {exc}") from None
+        table = rel.lookup(keys, args.as_of)
+    return _write_out(args, table.to_batches(), table.schema)
 
-        if out_path is None:
-            sink = pa.BufferOutputStream()
-            pq.write_table(table, sink)
-            sys.stdout.buffer.write(sink.getvalue().to_pybytes())
-        else:
-            pq.write_table(table, out_path)
-        return 0
-    if args.format == "csv":
-        import pyarrow.csv as pcsv
 
-        sink = pa.BufferOutputStream()
-        pcsv.write_csv(table, sink)
-        data = sink.getvalue().to_pybytes()
-    else:
-        data = "".join(json.dumps(row, default=str) + "\n" for row in table.to_pylist()).encode()
-    if out_path is None:
-        sys.stdout.buffer.write(data)
-    else:
-        out_path.write_bytes(data)
+def _subscribe(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from lamina.cli.encode import BatchWriter
+    from lamina.store import Store
+    from lamina.subscribe import Progress
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    with Store.open(_require_data_dir(args.data_dir)) as store:
+        rel = store.relation(args.relation)
+        items = rel.subscribe(args.as_of, snapshot=not args.no_snapshot, stop=stop)
+        import pyarrow as pa
+
+        from lamina.schema import TIME
+
+        schema = pa.schema([pa.field(f.name, f.type) for f in rel.meta.update_schema
+                            if f.name != TIME]).insert(len(rel.schema),
+                                                       pa.field(TIME, pa.uint64()))
+        writer = BatchWriter(sys.stdout.buffer, schema, args.format)
+        try:
+            for item in items:
+                if isinstance(item, Progress):
+                    writer.progress(item.upper)
+                else:
+                    writer.write(pa.Table.from_arrays(item.columns, schema=schema))
+            writer.close()
+        except BrokenPipeError:
+            _silence_stdout()
     return 0
 
 
