@@ -18,63 +18,86 @@ versions outlive a grace period, so a retry succeeds).
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lamina.consolidate import consolidate, sort, sum_adjacent
 from lamina.errors import AsOfOutOfRangeError, InvalidArgumentError, StorageError
+from lamina.frontier import as_time, fmt
 from lamina.layout import Layout
 from lamina.schema import TIME, RelationMeta
-from lamina.wal.reader import frontiers, segment_updates
-from lamina.wal.record import CLOSED
-from lamina.wal.segment import list_segments
+from lamina.trace.view import Footers, PinnedView, current_state, open_view
+from lamina.wal.reader import segment_updates
+from lamina.wal.segment import SegmentFile, list_segments
 
 _RETRIES = 20
-
-
-def relation_frontiers(wal_dir: Path, relation: str) -> tuple[int, int]:
-    return frontiers(wal_dir, relation)
 
 
 def check_as_of(name: str, as_of: object, *, upper: int, since: int) -> int:
     if isinstance(as_of, bool) or not isinstance(as_of, int):
         raise InvalidArgumentError(f"as_of must be an int, got {type(as_of).__name__}")
     if not since <= as_of < upper:
-        up = "CLOSED" if upper == CLOSED else str(upper)
         raise AsOfOutOfRangeError(
-            f"relation {name!r}: as_of {as_of} is outside [since, upper) = [{since}, {up}); "
+            f"relation {name!r}: as_of {as_of} is outside [since, upper) = "
+            f"[{since}, {fmt(upper)}); "
             + ("history before since was compacted away" if as_of < since
                else "times at or after the upper may still change; seal further first"))
     return as_of
 
 
-def _filter(table: pa.Table, as_of: int) -> pa.Table:
-    return table.filter(pc.less_equal(table.column(TIME), pa.scalar(as_of, pa.uint64())))
+def filter_times(table: pa.Table, lo: int, hi: int) -> pa.Table:
+    """The rows of an update table with ``lo <= _time <= hi`` (``hi`` may be a frontier's
+    ``CLOSED``, which bounds nothing)."""
+    times = table.column(TIME)
+    keep = pc.less_equal(times, pa.scalar(as_time(hi), pa.uint64()))
+    if lo > 0:
+        keep = pc.and_(pc.greater_equal(times, pa.scalar(lo, pa.uint64())), keep)
+    return table.filter(keep)
+
+
+def pin(layout: Layout, meta: RelationMeta, lo: int, hi: int, *,
+        verify: bool = True, footers: Footers | None = None,
+        segments: Callable[[SegmentFile], list[pa.Table]] | None = None) -> PinnedView:
+    """Open, with the state-first protocol above, every file that may hold updates with
+    times in ``[lo, hi]``: the trace's batch and pending parts (kept open, read lazily;
+    :meth:`PinnedView.parts` says which need a time filter) and the WAL tail (decoded now,
+    by ``segments`` if given, filtered to ``[lo, hi]``). Close the view when done."""
+    for _ in range(_RETRIES):
+        try:
+            state = current_state(layout, meta)
+            converted_through = state.converted_through if state is not None else 0
+            tail = [s for s in list_segments(layout.wal_dir(meta.name))
+                    if s.seq > converted_through]
+            if [s.seq for s in tail] != list(range(converted_through + 1,
+                                                   converted_through + 1 + len(tail))):
+                continue  # segments were converted and deleted after the state was read
+            wal = []
+            for seg in tail:
+                decoded = segments(seg) if segments is not None else \
+                    segment_updates(seg, meta.name, meta.update_schema)
+                for t in decoded:
+                    kept = filter_times(t, lo, hi)
+                    if kept.num_rows:
+                        wal.append(kept)
+            batches, pending = open_view(layout, meta, state, lo, hi, verify=verify,
+                                         footers=footers)
+        except FileNotFoundError:
+            continue
+        return PinnedView(state, batches, pending, wal)
+    raise StorageError(f"relation {meta.name!r}: files kept vanishing while reading; is "
+                       "garbage collection running with a zero grace period?")
 
 
 def _stored(layout: Layout, meta: RelationMeta, as_of: int
             ) -> tuple[list[pa.Table], list[pa.Table]]:
     """The relation's updates with ``_time <= as_of``: from the trace (batch and pending
     parts, each sorted by row and time) and from the WAL tail (in append order)."""
-    from lamina.trace.view import trace_updates  # the trace builds on this module
-
-    for _ in range(_RETRIES):
-        try:
-            parts, converted_through = trace_updates(layout, meta, as_of)
-            tail = [s for s in list_segments(layout.wal_dir(meta.name))
-                    if s.seq > converted_through]
-            if [s.seq for s in tail] != list(range(converted_through + 1,
-                                                   converted_through + 1 + len(tail))):
-                continue  # segments were converted and deleted after the state was read
-            wal = [_filter(t, as_of) for seg in tail
-                   for t in segment_updates(seg, meta.name, meta.update_schema)]
-        except FileNotFoundError:
-            continue
-        return parts, wal
-    raise StorageError(f"relation {meta.name!r}: files kept vanishing while reading; is "
-                       "garbage collection running with a zero grace period?")
+    with pin(layout, meta, 0, as_of) as view:
+        parts = [t if whole else filter_times(t, 0, as_of)
+                 for p, whole in view.parts(0, as_of) for t in [p.file.read()]]
+        return parts, view.wal
 
 
 def updates_at(layout: Layout, meta: RelationMeta, as_of: int) -> pa.Table:
@@ -82,10 +105,10 @@ def updates_at(layout: Layout, meta: RelationMeta, as_of: int) -> pa.Table:
     parts, wal = _stored(layout, meta, as_of)
     if not parts and not wal:
         return meta.update_schema.empty_table()
-    return pa.concat_tables([*parts, *wal])
+    return pa.concat_tables([t.cast(meta.update_schema) for t in [*parts, *wal]])
 
 
-def _loose(table: pa.Table) -> pa.Table:
+def loose(table: pa.Table) -> pa.Table:
     """The same columns with nullable fields and no metadata, as consolidation returns."""
     return pa.Table.from_arrays(table.columns, names=table.column_names)
 
@@ -100,19 +123,24 @@ def snapshot(layout: Layout, meta: RelationMeta, as_of: int, *, upper: int,
     tail) are then merged by one sort, which Arrow does fast on presorted runs, and summed
     run by run again. Where ``sum_adjacent`` declines (float row columns, sums that could
     leave int64) :func:`lamina.consolidate.consolidate` hashes instead; the rows are the
-    same either way."""
+    same either way.
+
+    A row whose exact sum at ``as_of`` lies outside int64 (batches may keep such a sum as
+    a carry) raises DiffOverflowError naming it; the error's ``rest`` is this snapshot
+    without the offending rows and ``overflows`` those rows with their exact sums, so the
+    rest of the relation stays readable and nothing is dropped silently."""
     as_of = check_as_of(meta.name, as_of, upper=upper, since=since)
     parts, wal = _stored(layout, meta, as_of)  # only times at or before as_of
     tables = []
     adjacent = True
     for t in parts:
-        rows = _loose(t.drop_columns([TIME]))
+        rows = loose(t.drop_columns([TIME]))
         summed = sum_adjacent(rows, meta.row_columns)
         adjacent = adjacent and summed is not None
         tables.append(rows if summed is None else summed)
-    tables.extend(_loose(t.drop_columns([TIME])) for t in wal)
+    tables.extend(loose(t.drop_columns([TIME])) for t in wal)
     table = pa.concat_tables(tables) if tables else \
-        _loose(meta.update_schema.empty_table().drop_columns([TIME]))
+        loose(meta.update_schema.empty_table().drop_columns([TIME]))
     if adjacent:  # the parts' sums are sorted runs: sorting them is cheaper than hashing
         out = sum_adjacent(sort(table, meta.sort_columns), meta.row_columns)
         if out is not None:

@@ -1,16 +1,27 @@
-"""The trace side of the read path (see lamina.read): the updates a reader takes from
-trace batches and pending parts, and the last WAL segment they already cover."""
+"""The trace side of the read path (see lamina.read): the trace batches and pending parts
+a reader opens, and the last WAL segment they already cover.
+
+Parts are kept open (:class:`OpenPart`) and read whole or row group by row group: with
+``verify`` the file is first streamed once through CRC32C (bounded memory); lookups, which
+must not read whole files, rely on Parquet's page checksums instead (parts are written with
+them, lamina.trace.batch)."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
-from lamina.fs import FileSystem
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lamina.errors import CorruptionError
+from lamina.fs import FileSystem, crc32c
 from lamina.layout import Layout
-from lamina.schema import TIME, RelationMeta
-from lamina.trace.batch import read_part
-from lamina.trace.state import StateStore, TraceState
+from lamina.schema import RelationMeta
+from lamina.trace.batch import BatchDesc, PartFile
+from lamina.trace.state import PendingPart, StateStore, TraceState
 
 
 def current_state(layout: Layout, meta: RelationMeta) -> TraceState | None:
@@ -21,26 +32,128 @@ def current_state(layout: Layout, meta: RelationMeta) -> TraceState | None:
     return state
 
 
-def trace_updates(layout: Layout, meta: RelationMeta,
-                  as_of: int) -> tuple[list[pa.Table], int]:
-    """Updates with ``_time <= as_of`` from the newest trace state, and the sequence number
-    of the last WAL segment that state has converted. FileNotFoundError means a file was
-    collected under the reader: retry."""
-    state = current_state(layout, meta)
+class OpenPart:
+    """One part file opened for reading: a :class:`pyarrow.parquet.ParquetFile` over an
+    open file handle. On a local file system an open handle keeps the bytes readable after
+    garbage collection unlinks the file, so a long streaming read pins what it opened."""
+
+    def __init__(self, trace_dir: Path, part: PartFile, *, verify: bool,
+                 metadata: pq.FileMetaData | None = None) -> None:
+        self.part = part
+        self.path = trace_dir / part.path
+        self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        try:
+            if verify:
+                self._verify()
+            # no pre-buffering: it coalesces reads through an I/O thread pool, which for
+            # the small, scattered row-group reads of a lookup from a local file cost a
+            # third more time (measured; an object store would want it back)
+            self.file = pq.ParquetFile(self._file, metadata=metadata, pre_buffer=False,
+                                       page_checksum_verification=True)
+            if self.file.metadata.num_rows != part.rows:
+                raise CorruptionError(f"batch file has {self.file.metadata.num_rows} rows, "
+                                      f"its description says {part.rows}", path=self.path)
+        except (pa.ArrowException, OSError) as exc:
+            self.close()
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise CorruptionError(f"batch file is not readable Parquet: {exc}",
+                                  path=self.path) from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _verify(self) -> None:
+        """Check size and CRC32C in blocks (bounded memory), then rewind."""
+        crc, size = 0, 0
+        while block := self._file.read(_VERIFY_BLOCK):
+            crc = crc32c(block, crc)
+            size += len(block)
+        if size != self.part.bytes:
+            raise CorruptionError(f"batch file has {size} bytes, its description says "
+                                  f"{self.part.bytes}", path=self.path)
+        if crc != self.part.crc32c:
+            raise CorruptionError("batch file checksum mismatch", path=self.path)
+        self._file.seek(0)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+_VERIFY_BLOCK = 8 << 20
+
+
+@dataclass
+class PinnedView:
+    """The files of one consistent read, opened: trace parts (batch by batch, in key
+    order within a batch), pending parts and the WAL tail's segments (read at open time).
+    Close it when done; :func:`lamina.read.pin` builds it with the state-first protocol."""
+
+    state: TraceState | None
+    batches: list[tuple[BatchDesc, list[OpenPart]]]
+    pending: list[tuple[PendingPart, OpenPart]]
+    wal: list[pa.Table]
+
+    @property
+    def since(self) -> int:
+        return self.state.since if self.state is not None else 0
+
+    def parts(self, lo: int, hi: int) -> Iterator[tuple[OpenPart, bool]]:
+        """Every opened part, batch parts first (in batch order, key order within a
+        batch), then pending parts, each with ``whole``: True when all its times are known
+        to lie in ``[lo, hi]`` (a batch with ``lo <= lower`` and ``upper - 1 <= hi``: its
+        times are below its upper, or forwarded to its since, which readers keep at or below
+        ``hi``), so the reader needs no time filter; pending parts are never whole."""
+        for b, parts in self.batches:
+            whole = lo <= b.lower and b.upper - 1 <= hi
+            for p in parts:
+                yield p, whole
+        for _, p in self.pending:
+            yield p, False
+
+    def close(self) -> None:
+        for _, parts in self.batches:
+            for p in parts:
+                p.close()
+        for _, p in self.pending:
+            p.close()
+
+    def __enter__(self) -> PinnedView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Footers = Callable[[Path, PartFile], "pq.FileMetaData | None"]
+"""Known footers of immutable part files (lamina.lookup caches them), or None."""
+
+
+def open_view(layout: Layout, meta: RelationMeta, state: TraceState | None,
+              lo: int, hi: int, *, verify: bool, footers: Footers | None = None) -> tuple[
+                  list[tuple[BatchDesc, list[OpenPart]]], list[tuple[PendingPart, OpenPart]]]:
+    """Open the batch and pending parts of ``state`` whose time range meets ``[lo, hi]``.
+    A batch may also hold times forwarded to its since; readers that need them (snapshots,
+    lo = 0) get them, and a subscription checks they do not cross its frontier
+    (lamina.subscribe). FileNotFoundError passes through (retry from a fresh state)."""
     if state is None:
-        return [], 0
+        return [], []
     trace_dir = layout.trace_dir(meta.name)
-    bound = pa.scalar(as_of, pa.uint64())
-    tables: list[pa.Table] = []
-    for b in state.batches:
-        if b.lower <= as_of:
-            for p in b.parts:
-                t = read_part(trace_dir, p)
-                # a batch's times are below its upper or forwarded to its since (<= as_of)
-                whole = b.upper - 1 <= as_of
-                tables.append(t if whole else t.filter(pc.less_equal(t[TIME], bound)))
-    for pp in state.pending:
-        if pp.lower <= as_of:
-            t = read_part(trace_dir, pp.part)
-            tables.append(t.filter(pc.less_equal(t[TIME], bound)))
-    return tables, state.converted_through
+    batches: list[tuple[BatchDesc, list[OpenPart]]] = []
+    pending: list[tuple[PendingPart, OpenPart]] = []
+    try:
+        for b in state.batches:
+            if b.lower <= hi and b.upper > lo:
+                parts: list[OpenPart] = []
+                batches.append((b, parts))
+                for p in b.parts:
+                    md = footers(trace_dir, p) if footers is not None else None
+                    parts.append(OpenPart(trace_dir, p, verify=verify, metadata=md))
+        for pp in state.pending:
+            if pp.lower <= hi and pp.upper > lo:
+                md = footers(trace_dir, pp.part) if footers is not None else None
+                pending.append((pp, OpenPart(trace_dir, pp.part, verify=verify, metadata=md)))
+    except BaseException:
+        PinnedView(state, batches, pending, []).close()
+        raise
+    return batches, pending

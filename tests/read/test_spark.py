@@ -1,0 +1,62 @@
+"""lamina.spark.read_snapshot against Relation.snapshot, on the shared local session."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from lamina import Store
+from lamina.errors import AsOfOutOfRangeError, RelationNotFoundError
+from lamina.spark import read_snapshot
+from tests.read.data import relation
+
+pytestmark = pytest.mark.spark
+
+
+def test_spark_snapshot_equals_snapshot(spark: Any, tmp_path: Path) -> None:
+    """Batches (merged, with forwarded times), pending parts and a WAL tail."""
+    with relation(tmp_path, 11) as (rel, oracle):
+        state_points = oracle.as_of_points(3)
+        for as_of in state_points:
+            df = read_snapshot(spark, tmp_path, rel.name, as_of)
+            got = df.toArrow()
+            want = rel.snapshot(as_of)
+            assert got.column_names == want.column_names
+            assert got.to_pylist() == want.to_pylist() == oracle.snapshot(as_of)
+        assert df.rdd.getNumPartitions() >= 1
+        with pytest.raises(AsOfOutOfRangeError):
+            read_snapshot(spark, tmp_path, rel.name, oracle.upper)
+        with pytest.raises(RelationNotFoundError):
+            read_snapshot(spark, tmp_path, "nope", 0)
+
+
+def test_spark_snapshot_of_other_types_and_an_empty_relation(spark: Any,
+                                                             tmp_path: Path) -> None:
+    schema = pa.schema([("k", pa.string()), ("d", pa.date32()), ("n", pa.decimal128(9, 2)),
+                        ("b", pa.bool_()), ("i", pa.int32())])
+    with Store.open(tmp_path, fsync="never", segment_bytes=4096) as store:
+        rel = store.create_relation("t", schema, ["k"])
+        rel.seal(1)
+        empty = read_snapshot(spark, tmp_path, "t", 0).toArrow()
+        assert empty.num_rows == 0
+        rows = {"k": ["b", "a", None, "a"],
+                "d": [datetime.date(2024, 1, i) for i in (1, 2, 3, 2)],
+                "n": [decimal.Decimal("1.25"), None, decimal.Decimal("-3.00"),
+                      None], "b": [True, None, False, None], "i": [1, 2, 3, 2],
+                "_time": pa.array([1, 1, 2, 3], pa.uint64()), "_diff": [1, 2, 1, -1]}
+        rel.append(pa.table(rows, schema=rel.meta.loose_update_schema))
+        rel.seal(4)
+        from lamina.trace.trace import Trace
+        from tests.trace.helpers import convert
+
+        rel.seal(2**64)
+        convert(Trace.open(store.layout.trace_dir("t"), rel.meta), rel.wal_dir, per_plan=64)
+        for as_of in (1, 2, 3):
+            got = read_snapshot(spark, tmp_path, "t", as_of).toArrow()
+            want = rel.snapshot(as_of)
+            assert got.to_pylist() == want.to_pylist(), as_of
