@@ -25,7 +25,8 @@ from typing import Any
 
 from bench.report import DEFAULT_RESULTS, RESULTS
 
-BENCHMARKS = ("wal_append", "convert", "merge", "amplification", "recovery", "scaling")
+BENCHMARKS = ("wal_append", "convert", "merge", "amplification", "recovery", "scaling",
+              "peers", "reading", "ingest")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:results -->", "<!-- /bench:results -->"
 
@@ -33,6 +34,8 @@ BEGIN, END = "<!-- bench:results -->", "<!-- /bench:results -->"
 def arguments(name: str, scale: float, rounds: int, verify: bool) -> list[str]:
     if name == "wal_append":
         return ["--seconds", "10"]
+    if name == "peers":  # the 1M cells (the 10M ones: --cells, see docs/performance.md)
+        return ["--rounds", str(min(rounds, 3)), *(["--cells", "quick"] if scale < 1 else [])]
     args = ["--scale", str(scale)]
     if name != "amplification":
         args += ["--rounds", str(rounds)]
@@ -124,6 +127,38 @@ def table() -> str:
             row("Memory", f"{label}: peak RSS MiB of {who} (driver / JVM / Python workers)",
                 f"{_mib(m['total'])}", f"{_mib(m['driver'])} / {_mib(m['jvm'])} / "
                 f"{_mib(m['python_workers'])}", "-", "-", "-")
+    if (doc := _load("reading")) is not None:
+        sub, look, sp = doc["subscribe"], doc["lookup"], doc["spark"]
+        row("Subscribe", f"seal -> Progress delivered, ms p50 / p99 ({sub['seals']} seals)",
+            f"{sub['p50_ms']} / {sub['p99_ms']}", "-", "-", "-", "-")
+        row("Lookup", f"{look['keys']} keys in {look['rows']:,} rows, s",
+            f"{look['lookup_seconds']}", f"snapshot + filter {look['snapshot_filter_seconds']}",
+            f"{look['ratio']}", f">= {look['target']}", _ok(look["met"]))
+        row("Spark reader", f"read_snapshot of {sp['rows']:,} rows, s",
+            f"{sp['read_snapshot_seconds']}",
+            f"snapshot + createDataFrame {sp['snapshot_create_dataframe_seconds']}",
+            f"{sp['ratio']}", "-", "-")
+        if (out := doc.get("cli_output")) is not None:
+            row("CLI output", f"lamina snapshot --format jsonl of {out['rows']:,} rows, s "
+                "(process)", f"{out['cli_jsonl_seconds']}",
+                f"snapshot in process {out['snapshot_seconds']}; csv {out['cli_csv_seconds']}",
+                "-", "-", "-")
+        source(doc)
+    if (doc := _load("ingest")) is not None:
+        th, fr = doc["throughput"], doc["freshness"]
+        row("Ingest snapshot", f"PostgreSQL initial snapshot, rows/s ({th['rows']:,} rows, "
+            f"median of {th['rounds']})", _n(th["snapshot_rows_per_s"]),
+            f"COPY TO STDOUT {_n(th['copy_rows_per_s'])}", f"{th['snapshot_ratio_to_copy']}",
+            f">= {th['snapshot_target']}", _ok(th["snapshot_met"]))
+        row("Ingest streaming", f"PostgreSQL backlog of {th['rows']:,} rows in "
+            f"{th['streamed_transactions']} transactions, rows/s",
+            _n(th["streaming_rows_per_s"]), f"COPY TO STDOUT {_n(th['copy_streamed_rows_per_s'])}",
+            f"{th['streaming_ratio_to_copy']}", "-", "-")
+        row("Ingest freshness", f"commit -> sealed at {fr['rate_rows_per_s']:,} rows/s, ms p50 / "
+            f"p99 (interval {fr['timestamp_interval_seconds']} s)",
+            f"{fr['p50_ms']} / {fr['p99_ms']}", "-", "-", f"p99 <= {fr['target_p99_ms']:.0f}",
+            _ok(fr["met"]))
+        source(doc)
     head = ["| benchmark | figure | lamina | baseline | ratio | target | met |",
             "|---|---|---|---|---|---|---|"]
     return "\n".join([*head, *rows, "", "Runs (each figure comes from these):", "", *foot])
@@ -172,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"results in {RESULTS} (LAMINA_BENCH_RESULTS): {DOC} left as it is")
     elif update_doc(text):
         print(f"updated {DOC}")
+        from bench import peers
+
+        peers.update_doc(peers.table())  # its own table, between its own markers
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

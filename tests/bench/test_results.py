@@ -35,3 +35,28 @@ def test_every_result_says_how_to_reproduce_it(name: str) -> None:
     assert len(doc["load_average"]["before"]) == 3
     assert doc["machine"]["cpus"] >= 1
     assert (DEFAULT_RESULTS / f"{name}.png").stat().st_size > 0
+
+
+def test_the_documented_peers_table_is_the_one_the_results_render() -> None:
+    """The side-by-side table with Delta Lake (between its own markers) is exactly
+    ``peers.table()`` of the committed bench/results/peers.json: re-render with
+    ``python -m bench.peers --table``."""
+    from bench import peers
+
+    content = peers.DOC.read_text()
+    block = content.split(peers.BEGIN, 1)[1].split(peers.END, 1)[0].strip("\n")
+    assert block == peers.table(DEFAULT_RESULTS), \
+        "docs/performance.md is stale: run python -m bench.peers --table"
+
+
+def test_every_peers_cell_passed_the_correctness_gate() -> None:
+    """Every recorded cell of the Delta comparison passed its gate (all contenders' latest
+    snapshots hash to the stream's live rows) and records the load average of each round."""
+    doc = json.loads((DEFAULT_RESULTS / "peers.json").read_text())
+    assert doc["cells"]
+    for name, cell in doc["cells"].items():
+        assert cell["gate"] == "passed", name
+        assert len(cell["load_average_per_round"]) == cell["rounds"] + 1, name
+        finished = [s for s in cell["contenders"].values() if s["finished"]]
+        assert finished, name
+        assert all(s["checksums"] == [cell["expected"]["checksum"]] for s in finished), name

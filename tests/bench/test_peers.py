@@ -1,0 +1,77 @@
+"""bench/peers.py runs end to end on its quick cell, so the benchmark code cannot rot.
+
+The quick cell is 20,000 updates in 20 appends over 2,000 keys; one round of every
+contender (lamina with its daemon on Spark local[*], Delta durable, Delta without fsync,
+Delta MERGE), each in its own process, including the kill -9 recovery and the correctness
+gate. Results go to a temporary directory (``LAMINA_BENCH_RESULTS``), so the committed
+results and docs/performance.md are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.peers_contenders import CONTENDERS
+from bench.peers_stream import CELLS, appends, checksum, ensure
+
+from bench import peers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_stream_retracts_only_live_rows_and_its_checksum_is_the_live_rows() -> None:
+    """The cached stream's running count of every row never goes negative, about a fifth
+    of the updates are retractions, and expected.json's checksum is that of the rows the
+    whole stream leaves live."""
+    import pyarrow as pa
+
+    cell = CELLS["quick"]
+    expected = ensure(cell)
+    counts: dict[tuple[int, int], int] = {}
+    retractions = 0
+    for table in appends(cell):
+        d = table.to_pydict()
+        # within an append inserts may come after the retraction of an older row
+        for i, q, diff in zip(d["id"], d["qty"], d["_diff"], strict=True):
+            if diff > 0:
+                counts[(i, q)] = counts.get((i, q), 0) + diff
+        for i, q, diff in zip(d["id"], d["qty"], d["_diff"], strict=True):
+            if diff < 0:
+                retractions += 1
+                counts[(i, q)] += diff
+                assert counts[(i, q)] >= 0
+    assert 0.15 < retractions / cell.updates < 0.25
+    live = {k: v for k, v in counts.items() if v}
+    rows = pa.table({"id": [k[0] for k in live], "qty": [k[1] for k in live],
+                     "count": list(live.values())})
+    assert peers.gate({"x": {"finished": True, "checksums": [checksum(rows)]}},
+                      str(expected["checksum"])) == {}
+
+
+def test_the_quick_cell_runs_end_to_end_and_passes_the_gate(tmp_path: Path) -> None:
+    """One round of every contender: all finish, all give the stream's checksum, the
+    ratios against durable Delta are computed, and recovery lost no acknowledged append;
+    a wrong expected checksum makes the gate name every contender."""
+    env = {**os.environ, "LAMINA_BENCH_RESULTS": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "bench.peers", "--cells", "quick",
+                           "--rounds", "1"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "peers.json").read_text())
+    cell = doc["cells"]["quick"]
+    assert cell["gate"] == "passed"
+    assert set(cell["contenders"]) == set(CONTENDERS)
+    for name, s in cell["contenders"].items():
+        assert s["finished"] == 1, name
+        assert s["checksums"] == [cell["expected"]["checksum"]], name
+        assert s["lost_acked"]["max"] == 0, name
+        assert s["end_bytes"]["median"] > 0, name
+    assert cell["contenders"]["lamina"]["caught_up"]
+    assert set(cell["ratios"]) == set(peers.TARGETS)
+    assert (tmp_path / "peers.png").stat().st_size > 0
+    assert peers.gate(cell["contenders"], "0" * 64).keys() == set(CONTENDERS)
+    assert "| quick | lamina |" in peers.table(tmp_path)
