@@ -164,15 +164,17 @@ def table() -> str:
     return "\n".join([*head, *rows, "", "Runs (each figure comes from these):", "", *foot])
 
 
-def update_doc(text: str, doc: Path = DOC) -> bool:
+def update_doc(text: str, doc: Path = DOC, begin: str = BEGIN, end: str = END) -> bool:
+    """Replace what stands between the ``begin`` and ``end`` markers of ``doc`` with
+    ``text``; False (and nothing written) when the doc or a marker is missing."""
     if not doc.exists():
         return False
     content = doc.read_text()
-    if BEGIN not in content or END not in content:
+    if begin not in content or end not in content:
         return False
-    head, rest = content.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    head, rest = content.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
     return True
 
 

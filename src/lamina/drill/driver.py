@@ -634,6 +634,30 @@ def _last_event(section: str) -> str:
 
 # --- command line -------------------------------------------------------------------------
 
+def drill_dirs(data_dir_arg: str | None, prefix: str) -> tuple[Path, Path, Path | None] | None:
+    """``(data dir, work dir, scratch)`` of a drill: a temporary data directory when none is
+    given (``scratch``, removed after a clean run), else one that must be empty; the work
+    directory beside it (``<data>.drill``) must be empty too. None after printing why not."""
+    scratch: Path | None = None
+    if data_dir_arg is None:
+        scratch = Path(tempfile.mkdtemp(prefix=prefix))
+        data_dir = scratch / "data"
+    else:
+        data_dir = Path(data_dir_arg)
+        if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
+            print(f"lamina drill: {data_dir} is not an empty directory; the drill "
+                  "writes and kills freely, so it needs a scratch directory (omit "
+                  "--data-dir for a temporary one)", file=sys.stderr)
+            return None
+    work = data_dir.parent / f"{data_dir.name}.drill"
+    if work.exists() and any(work.iterdir()):
+        print(f"lamina drill: {work} (the drill's work directory) is not empty; "
+              "remove it or choose another --data-dir", file=sys.stderr)
+        return None
+    work.mkdir(parents=True, exist_ok=True)
+    return data_dir, work, scratch
+
+
 def run_drill_cli(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -664,23 +688,10 @@ def run_drill_cli(args: argparse.Namespace) -> int:
         print("lamina drill: --max-seconds must be > 0", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    scratch: Path | None = None
-    if args.data_dir is None:
-        scratch = Path(tempfile.mkdtemp(prefix="lamina-drill-"))
-        data_dir = scratch / "data"
-    else:
-        data_dir = Path(args.data_dir)
-        if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
-            print(f"lamina drill: {data_dir} is not an empty directory; the drill "
-                  "writes and kills freely, so it needs a scratch directory (omit "
-                  "--data-dir for a temporary one)", file=sys.stderr)
-            return 2
-    work = data_dir.parent / f"{data_dir.name}.drill"
-    if work.exists() and any(work.iterdir()):
-        print(f"lamina drill: {work} (the drill's work directory) is not empty; "
-              "remove it or choose another --data-dir", file=sys.stderr)
+    dirs = drill_dirs(args.data_dir, "lamina-drill-")
+    if dirs is None:
         return 2
-    work.mkdir(parents=True, exist_ok=True)
+    data_dir, work, scratch = dirs
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as bar:

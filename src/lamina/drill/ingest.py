@@ -365,26 +365,14 @@ class IngestDrill:
 def run_ingest_drill_cli(args: argparse.Namespace) -> int:
     """``lamina drill --ingest files`` (the arguments were checked by the caller)."""
     import shutil
-    import tempfile
+
+    from lamina.drill.driver import drill_dirs
 
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    scratch: Path | None = None
-    if args.data_dir is None:
-        scratch = Path(tempfile.mkdtemp(prefix="lamina-drill-ingest-"))
-        data_dir = scratch / "data"
-    else:
-        data_dir = Path(args.data_dir)
-        if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
-            print(f"lamina drill: {data_dir} is not an empty directory; the drill writes "
-                  "and kills freely, so it needs a scratch directory (omit --data-dir for "
-                  "a temporary one)", file=sys.stderr)
-            return 2
-    work = data_dir.parent / f"{data_dir.name}.drill"
-    if work.exists() and any(work.iterdir()):
-        print(f"lamina drill: {work} (the drill's work directory) is not empty; remove it "
-              "or choose another --data-dir", file=sys.stderr)
+    dirs = drill_dirs(args.data_dir, "lamina-drill-ingest-")
+    if dirs is None:
         return 2
-    work.mkdir(parents=True, exist_ok=True)
+    data_dir, work, scratch = dirs
     drill = IngestDrill(data_dir, work, kills=args.kills, seed=seed,
                         max_seconds=getattr(args, "max_seconds", None),
                         daemon=not getattr(args, "no_daemon", False))
