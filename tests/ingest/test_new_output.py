@@ -4,17 +4,15 @@ replay, and the outputs that hold data already get nothing twice."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lamina import Store
 from lamina.ingest.files import FilesSource
-from lamina.ingest.metrics import IngestMetrics
 from lamina.ingest.runner import SourceRunner
 from lamina.ingest.settings import FilesSourceSettings
+from tests.ingest.running import run_until
 
 
 def _settings(path: Path, errors: str) -> FilesSourceSettings:
@@ -26,21 +24,7 @@ def _settings(path: Path, errors: str) -> FilesSourceSettings:
 
 def _run(store: Store, settings: FilesSourceSettings,
          cond: Callable[[SourceRunner], bool]) -> dict[str, Any]:
-    runner = SourceRunner(settings, FilesSource(settings), store, IngestMetrics(),
-                          retry_initial_seconds=0.01)
-    stop = threading.Event()
-    t = threading.Thread(target=runner.run, args=(stop,))
-    t.start()
-    deadline = time.monotonic() + 20
-    try:
-        while not cond(runner):
-            assert time.monotonic() < deadline, runner.status()
-            time.sleep(0.01)
-        return runner.status()
-    finally:
-        stop.set()
-        t.join(10)
-        assert not t.is_alive()
+    return run_until(store, settings, FilesSource(settings), cond)[1]
 
 
 def _ids(store: Store, relation: str) -> list[tuple[Any, int]]:
@@ -88,31 +72,16 @@ def test_an_output_added_to_a_source_that_cannot_replay_stalls_and_the_rest_comm
             "timestamp_interval_seconds": 0.01})
 
     def run(tables: list[str], src: ScriptSource,
-            cond: Callable[[SourceRunner], bool]) -> SourceRunner:
-        runner = SourceRunner(settings(tables), src, store, IngestMetrics(),
-                              retry_initial_seconds=0.01)
-        stop = threading.Event()
-        t = threading.Thread(target=runner.run, args=(stop,))
-        t.start()
-        deadline = time.monotonic() + 20
-        try:
-            while not cond(runner):
-                assert time.monotonic() < deadline, runner.status()
-                time.sleep(0.01)
-            runner.last = runner.status()  # type: ignore[attr-defined]
-        finally:
-            stop.set()
-            t.join(10)
-        assert not t.is_alive()
-        return runner
+            cond: Callable[[SourceRunner], bool]) -> tuple[SourceRunner, dict[str, Any]]:
+        return run_until(store, settings(tables), src, cond)
 
     with Store.open(tmp_path / "d") as store:
         run(["public.a"], ScriptSource(20), lambda r: r.committed == 20)
         assert ids(store, "pg.a") == [(i, 1) for i in range(0, 20, 2)]
         src = ScriptSource(40)
-        r = run(["public.a", "public.b"], src, lambda r: r.committed == 40)
+        r, status = run(["public.a", "public.b"], src, lambda r: r.committed == 40)
         assert src.opened[0] is not None          # resumed, not re-read from the start
-        outs = {o["relation"]: o for o in r.last["outputs"]}  # type: ignore[attr-defined]
+        outs = {o["relation"]: o for o in status["outputs"]}
         assert outs["pg.b"]["state"] == "stalled"
         assert "holds no data" in outs["pg.b"]["error"]
         assert "new source name" in outs["pg.b"]["hint"]
@@ -136,20 +105,7 @@ def test_a_kill_between_the_seals_of_the_first_binding_is_completed_not_stalled(
         "tables": ["public.a", "public.b"], "timestamp_interval_seconds": 0.01})
 
     def run(src: ScriptSource, cond: Callable[[SourceRunner], bool]) -> SourceRunner:
-        runner = SourceRunner(settings, src, store, IngestMetrics(), retry_initial_seconds=0.01)
-        stop = threading.Event()
-        t = threading.Thread(target=runner.run, args=(stop,))
-        t.start()
-        deadline = time.monotonic() + 20
-        try:
-            while not cond(runner):
-                assert time.monotonic() < deadline, runner.status()
-                time.sleep(0.01)
-        finally:
-            stop.set()
-            t.join(10)
-        assert not t.is_alive()
-        return runner
+        return run_until(store, settings, src, cond)[0]
 
     with Store.open(tmp_path / "d") as store:
         with failpoints.active("ingest.outputs_appended=error"):

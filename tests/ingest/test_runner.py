@@ -5,7 +5,6 @@ the same store resumes exactly where the outputs are."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +14,10 @@ import pyarrow as pa
 
 from lamina import Store
 from lamina.errors import SourceTransientError
-from lamina.ingest.metrics import IngestMetrics
 from lamina.ingest.runner import SourceRunner
 from lamina.ingest.settings import PostgresSourceSettings
 from lamina.ingest.source import Event, Offset, Stall, TableSpec, Transaction, Upper
+from tests.ingest import running
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False)])
 
@@ -83,23 +82,8 @@ SETTINGS = PostgresSourceSettings.model_validate({
 
 
 def run_until(store: Store, source: ScriptSource,
-              cond: Callable[[SourceRunner], bool]) -> SourceRunner:
-    runner = SourceRunner(SETTINGS, source, store, IngestMetrics(),
-                          retry_initial_seconds=0.01, retry_max_seconds=0.05)
-    stop = threading.Event()
-    t = threading.Thread(target=runner.run, args=(stop,))
-    t.start()
-    deadline = time.monotonic() + 20
-    try:
-        while not cond(runner):
-            assert time.monotonic() < deadline, runner.status()
-            time.sleep(0.01)
-        runner.last_status = runner.status()  # type: ignore[attr-defined]
-    finally:
-        stop.set()
-        t.join(10)
-    assert not t.is_alive()
-    return runner
+              cond: Callable[[SourceRunner], bool]) -> tuple[SourceRunner, dict[str, Any]]:
+    return running.run_until(store, SETTINGS, source, cond, retry_max_seconds=0.05)
 
 
 def ids(store: Store, rel: str) -> list[Any]:
@@ -107,17 +91,17 @@ def ids(store: Store, rel: str) -> list[Any]:
     return [(x["id"], x["_diff"]) for x in r.snapshot(r.upper - 1).to_pylist()]
 
 
-def outputs(r: SourceRunner) -> dict[str, dict[str, Any]]:
-    """The outputs as they were while the runner ran."""
-    return {o["relation"]: o for o in r.last_status["outputs"]}  # type: ignore[attr-defined]
+def outputs(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The outputs of a runner's status, by relation."""
+    return {o["relation"]: o for o in status["outputs"]}
 
 
 def test_retries_then_writes_each_table_and_commits_what_all_outputs_hold(
         tmp_path: Path) -> None:
     with Store.open(tmp_path / "d") as store:
         src = ScriptSource(40, fail_opens=2)
-        r = run_until(store, src, lambda r: r.binding is not None and r.binding.upper == 40
-                      and r.committed == 40)
+        r, _ = run_until(store, src, lambda r: r.binding is not None and r.binding.upper == 40
+                         and r.committed == 40)
         assert src.opened == [None, None, None]            # two retried opens
         assert r.metrics.retries.labels(source="pg")._value.get() == 2
         assert ids(store, "pg.a") == [(i, 1) for i in range(0, 40, 2)]
@@ -132,8 +116,9 @@ def test_a_stalled_table_stops_only_its_output_and_holds_back_the_commit(
         tmp_path: Path) -> None:
     with Store.open(tmp_path / "d") as store:
         src = ScriptSource(60, stall_b_at=21)
-        r = run_until(store, src, lambda r: r.binding is not None and r.binding.upper == 60)
-        outs = outputs(r)
+        _, status = run_until(store, src,
+                              lambda r: r.binding is not None and r.binding.upper == 60)
+        outs = outputs(status)
         assert outs["pg.b"]["state"] == "stalled"
         assert "TRUNCATE" in outs["pg.b"]["error"]
         assert outs["pg.a"]["state"] == "running"
@@ -146,8 +131,8 @@ def test_a_stalled_table_stops_only_its_output_and_holds_back_the_commit(
         assert store.relation("pg.b").upper < a_upper
         # restart without the stall: b resumes at its own upper, a takes nothing twice
         src2 = ScriptSource(60)
-        r2 = run_until(store, src2, lambda r: r.binding is not None and r.binding.upper == 60
-                       and r.committed == 60)
+        r2, _ = run_until(store, src2, lambda r: r.binding is not None
+                          and r.binding.upper == 60 and r.committed == 60)
         assert src2.opened[0] is not None
         assert src2.opened[0] <= 21
         assert ids(store, "pg.a") == [(i, 1) for i in range(0, 60, 2)]
@@ -161,7 +146,7 @@ def test_outputs_without_bindings_stall_instead_of_counting_twice(tmp_path: Path
                   and r.binding.upper == 10)
         store.drop_relation("pg.remap")
         src = ScriptSource(10)
-        r = run_until(store, src, lambda r: r.health.state == "stalled")
+        r, _ = run_until(store, src, lambda r: r.health.state == "stalled")
         assert "no bindings" in str(r.health.error)
         assert "pg.remap" in str(r.health.hint)
         assert src.opened == []                 # never re-read into full outputs

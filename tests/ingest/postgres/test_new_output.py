@@ -15,11 +15,11 @@ import pytest
 
 from lamina import Store
 from lamina.errors import SourceTransientError
-from lamina.ingest.metrics import IngestMetrics
 from lamina.ingest.postgres import PostgresSource
 from lamina.ingest.runner import SourceRunner
 from lamina.ingest.settings import PostgresSourceSettings
 from tests.ingest.postgres.server import PgServer
+from tests.ingest.running import run_until
 
 
 def _settings(pg: PgServer, tables: list[str]) -> PostgresSourceSettings:
@@ -33,20 +33,8 @@ def _run(store: Store, pg: PgServer, tables: list[str],
     settings = _settings(pg, tables)
     src = PostgresSource(settings.name, pg.dsn, list(settings.outputs()),
                          catalog_check_seconds=0.3, slot_wait_seconds=5.0)
-    runner = SourceRunner(settings, src, store, IngestMetrics(), retry_initial_seconds=0.05)
-    stop = threading.Event()
-    t = threading.Thread(target=runner.run, args=(stop,))
-    t.start()
-    deadline = time.monotonic() + 30
-    try:
-        while not cond(runner):
-            assert time.monotonic() < deadline, runner.status()
-            time.sleep(0.05)
-        return runner.status()
-    finally:
-        stop.set()
-        t.join(15)
-        assert not t.is_alive()
+    return run_until(store, settings, src, cond, timeout=30, poll_seconds=0.05,
+                     stop_seconds=15, retry_initial_seconds=0.05)[1]
 
 
 def _rows(store: Store, relation: str) -> Counter[tuple[Any, ...]]:
