@@ -1,7 +1,11 @@
 """Ingestion from PostgreSQL: snapshot and streaming throughput, commit -> sealed freshness.
 
     .venv/bin/python -m bench.ingest [--scale 1.0] [--rounds 3] [--seconds 20]
-        [--rate 5000] [--interval 1.0]
+        [--rate 5000] [--interval 1.0] [--snapshot-only]
+
+``--snapshot-only``: *COPY*, *source alone* and *snapshot* only, each round's ratio
+printed with the load average (nothing written to bench/results): the quick check of the
+snapshot target.
 
 Against a real PostgreSQL server started in a temporary directory
 (tests/ingest/postgres/server.py: Debian's ``postgresql``, a Unix socket, ``fsync=off``),
@@ -12,8 +16,9 @@ amount numeric(12,2))``:
   into a discarding sink (psycopg2's ``copy_expert``), in the same run: the baseline.
 - *Snapshot*: a :class:`~lamina.ingest.runner.SourceRunner` (what ``lamina ingest`` runs in
   a thread per source) on a new source, in this process: slot creation, the exported
-  snapshot's ``COPY`` into the spool, parsing into Arrow, the first binding, the append and
-  fsync'd seal of the output relation. Timed from the runner's start until the output's
+  snapshot's ``COPY`` into the spool (parsed into Arrow while the ``COPY`` runs, see
+  lamina.ingest.postgres.spool), the first binding, the append and fsync'd seal of the
+  output relation. Timed from the runner's start until the output's
   upper passes the first binding's time (every row sealed). Target: >= 0.5 of COPY.
   Also the source alone (``PostgresSource.open`` + ``poll`` until its first ``Upper``,
   nothing written), to tell the decoding from the writing.
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import shutil
 import statistics
 import sys
@@ -161,7 +167,8 @@ def _lsn(pg: PgServer) -> int:
     return parse_lsn(pg.query("SELECT pg_current_wal_insert_lsn()::text")[0][0])
 
 
-def throughput(pg: PgServer, work: Path, rows: int, rounds: int) -> dict[str, Any]:
+def throughput(pg: PgServer, work: Path, rows: int, rounds: int,
+               streaming: bool = True) -> dict[str, Any]:
     pg.execute(f"CREATE TABLE snap {TABLE}", "ALTER TABLE snap REPLICA IDENTITY FULL")
     _fill(pg, "snap", 1, rows)
     with pg.connect() as conn:
@@ -186,6 +193,13 @@ def throughput(pg: PgServer, work: Path, rows: int, rounds: int) -> dict[str, An
             n = store.relation(f"r{r}.snap").snapshot(store.relation(f"r{r}.snap").upper - 1)
             if n.num_rows != rows:
                 raise AssertionError(f"snapshot sealed {n.num_rows} rows, not {rows}")
+            if not streaming:
+                shutil.rmtree(data, ignore_errors=True)
+                print(f"  round {r + 1}/{rounds}: load {os.getloadavg()[0]:.2f}, COPY "
+                      f"{copy_s[-1]:.3f} s, source alone {src_s[-1]:.3f} s, snapshot "
+                      f"{snap_s[-1]:.3f} s: {copy_s[-1] / snap_s[-1]:.3f} of COPY",
+                      file=sys.stderr, flush=True)
+                continue
             _fill(pg, table, 1, rows, TXNS)   # committed while lamina is stopped
             end = _lsn(pg)
             run = _Runner(settings, store)
@@ -203,8 +217,16 @@ def throughput(pg: PgServer, work: Path, rows: int, rounds: int) -> dict[str, An
               f"{src_s[-1]:.2f} s, snapshot {snap_s[-1]:.2f} s, streaming {stream_s[-1]:.2f} s "
               f"(COPY {copy_stream_s[-1]:.2f} s)", file=sys.stderr, flush=True)
     med = statistics.median
-    copy, snap, stream, cstream = med(copy_s), med(snap_s), med(stream_s), med(copy_stream_s)
+    copy, snap = med(copy_s), med(snap_s)
     ratio = round(copy / snap, 3)
+    per_round = sorted(c / n for c, n in zip(copy_s, snap_s, strict=True))
+    if not streaming:
+        return {"rows": rows, "rounds": rounds, "copy_seconds": round(copy, 3),
+                "source_only_seconds": round(med(src_s), 3),
+                "snapshot_seconds": round(snap, 3), "snapshot_ratio_to_copy": ratio,
+                "snapshot_ratio_per_round": [round(x, 3) for x in per_round],
+                "snapshot_met": ratio >= SNAPSHOT_TARGET}
+    stream, cstream = med(stream_s), med(copy_stream_s)
     return {"rows": rows, "rounds": rounds, "streamed_transactions": TXNS,
             "copy_rows_per_s": round(rows / copy), "copy_seconds": round(copy, 3),
             "source_only_rows_per_s": round(rows / med(src_s)),
@@ -324,8 +346,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--snapshot-only", action="store_true",
+                        help="COPY, source alone and snapshot only; nothing written")
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    if args.snapshot_only:
+        work = Path(tempfile.mkdtemp(prefix="lamina-bench-ingest-"))
+        try:
+            with running_server() as pg:
+                load = os.getloadavg()[0]
+                thr = throughput(pg, work, max(1000, int(500_000 * args.scale)), args.rounds,
+                                 streaming=False)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        per = thr["snapshot_ratio_per_round"]
+        print(f"snapshot: {thr['snapshot_ratio_to_copy']} of COPY (median of "
+              f"{args.rounds}; rounds {per[0]}-{per[-1]}; COPY {thr['copy_seconds']} s, "
+              f"source alone {thr['source_only_seconds']} s, snapshot "
+              f"{thr['snapshot_seconds']} s; target >= {SNAPSHOT_TARGET}: "
+              f"{'met' if thr['snapshot_met'] else 'MISSED'}; load average {load:.2f} "
+              f"before, {os.getloadavg()[0]:.2f} after)", flush=True)
+        return 0
     run = report.Run(NAME, argv)
     work = Path(tempfile.mkdtemp(prefix="lamina-bench-ingest-"))
     try:

@@ -23,7 +23,7 @@ def test_future_updates_in_converted_segments_and_the_wal_tail(tmp_path: Path) -
         rel.append(table_of([(1, "a", 1, 1), (2, "b", 5, 1), (3, "c", 7, 1)]))
         rel.seal(3)
         rel.close()                         # finish the segment: it can be converted
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         assert convert(trace, rel.wal_dir, merge=False) == 1
         trace.delete_converted_segments(rel.wal_dir)
         assert trace.state.pending, "times 5 and 7 are above the upper: pending parts"

@@ -158,7 +158,7 @@ class Reclocker:
             raise SchemaError(f"changes of differing shapes: {exc}") from exc
         if table.num_rows == 0:
             return 0
-        table = table.append_column(TIME, pa.array([time] * table.num_rows, pa.uint64()))
+        table = table.append_column(TIME, pa.repeat(pa.scalar(time, pa.uint64()), table.num_rows))
         n = table.num_rows
         step = max(1, n * APPEND_SLICE_BYTES // max(1, table.nbytes)) if \
             table.nbytes > APPEND_SLICE_BYTES else n

@@ -322,7 +322,11 @@ def test_url_dsn_and_wrong_wal_level_message(pg: PgServer) -> None:
     finally:
         src.close()
     bad = PostgresSource("shop", pg.dsn + " user=nobody", [T], connect_timeout=2)
-    with pytest.raises(SourceTransientError, match="nobody"):
+    with pytest.raises(SourceStalledError, match="nobody") as info:  # not retried for ever
+        bad.open(None)
+    assert "fix the source's dsn" in info.value.hint
+    bad = PostgresSource("shop", pg.dsn + " dbname=nosuchdb", [T], connect_timeout=2)
+    with pytest.raises(SourceStalledError, match="nosuchdb"):
         bad.open(None)
 
 

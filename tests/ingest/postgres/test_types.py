@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
@@ -11,7 +12,7 @@ import pytest
 
 from lamina.errors import SourceStalledError
 from lamina.ingest.postgres import PostgresSource
-from lamina.ingest.postgres.types import NUMERIC, PgType, arrow_type, to_arrow
+from lamina.ingest.postgres.types import BYTEA, NUMERIC, PgType, arrow_type, to_arrow
 from tests.ingest.postgres.helpers import Collector
 from tests.ingest.postgres.server import PgServer
 
@@ -145,3 +146,26 @@ def test_numeric_mapping() -> None:
         to_arrow(["1.5", "NaN"], PgType(NUMERIC, mod(5, 2), "numeric(5,2)"))
     with pytest.raises(SourceStalledError, match="expected 't' or 'f'"):
         to_arrow(["t", "x"], PgType(16, -1, "boolean"))
+
+
+def test_bytea_column_decoded_at_once_like_value_by_value() -> None:
+    rng = random.Random(7)
+    values = [None if rng.random() < 0.1 else bytes(rng.randrange(256)
+                                                    for _ in range(rng.randrange(6)))
+              for _ in range(2000)]
+    text = pa.array([None if v is None else "\\x" + v.hex() for v in values], pa.string())
+    bytea = PgType(BYTEA, -1, "bytea")
+    for part, want in [(text, values), (text.slice(7, 900), values[7:907]),
+                       (text.slice(3, 0), []), (pa.array([None, "\\x"], pa.string()),
+                                                [None, b""]),
+                       (pa.array(["\\xAbCd"], pa.string()), [b"\xab\xcd"])]:
+        got = to_arrow(part, bytea)
+        got.validate(full=True)
+        assert got.type == pa.binary()
+        assert got.to_pylist() == want
+    # anything but plain hex of even length is named, value by value
+    for bad, says in [(["\\x00", "zz"], "'zz' is not in the hex format"),
+                      (["\\xabc"], "non-hexadecimal"), (["\\xa b "], "non-hexadecimal"),
+                      (["\\xgg"], "non-hexadecimal")]:
+        with pytest.raises(SourceStalledError, match=says):
+            to_arrow(bad, bytea)

@@ -13,10 +13,15 @@ Life of a source:
    (the runner opens from the start only while no output holds data, so nothing of it is
    durable in lamina) and created again with
    ``CREATE_REPLICATION_SLOT <slot> LOGICAL pgoutput EXPORT_SNAPSHOT``. Another session
-   imports the exported snapshot (``SET TRANSACTION SNAPSHOT``) and ``COPY``\\ s every table
-   (CSV) into spool files, so the snapshot is exactly the database at the slot's consistent
-   point ``P``. ``poll`` then emits the spooled rows as transactions at offset ``P - 1``
-   (all land at the first binding time), then ``Upper(P)``, and then streams.
+   imports the exported snapshot (``SET TRANSACTION SNAPSHOT``, before ``open`` returns and
+   before the replication connection runs anything else) and ``COPY``\\ s every table (CSV)
+   into spool files, so the snapshot is exactly the database at the slot's consistent point
+   ``P``. The ``COPY`` runs in a thread of its own while ``poll`` parses what is spooled
+   already (:mod:`~lamina.ingest.postgres.spool`) and emits it as transactions at offset
+   ``P - 1`` (all land at the first binding time); once every table is read and the
+   ``COPY`` session is done, ``Upper(P)``, and then streaming. A ``COPY`` that fails (lost
+   connection, cancel) raises from ``poll``, never reads as a short table; ``close`` cancels
+   a running one.
 2. ``open(R)``: the slot must exist, belong to this database and use ``pgoutput``, must not
    be lost (``wal_status``) nor have a ``confirmed_flush_lsn`` beyond ``R`` (the changes
    between would be gone), and must not be held by another backend. Streaming starts at
@@ -50,14 +55,13 @@ Standby status updates (the slot's confirmed flush position) are written by
 from __future__ import annotations
 
 import contextlib
-import os
+import re
 import select
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import psycopg2
 import psycopg2.errorcodes
@@ -78,6 +82,7 @@ from lamina.errors import (
 from lamina.ingest.postgres import pgoutput
 from lamina.ingest.postgres.feedback import send_status
 from lamina.ingest.postgres.pgoutput import format_lsn, parse_lsn
+from lamina.ingest.postgres.spool import Spool
 from lamina.ingest.postgres.types import SESSION_SETTINGS, PgType, to_arrow
 from lamina.ingest.source import Event, Offset, Stall, TableSpec, Transaction, Upper
 from lamina.schema import RESERVED
@@ -166,7 +171,7 @@ class PostgresSource:
         self._stalled: set[str] = set()
         self._events: list[Event] = []
         self._spool: Iterator[Transaction] | None = None
-        self._spool_files: list[IO[bytes]] = []
+        self._snapshot: Spool | None = None
         self._start_lsn = 0
         self._started = False
         self._upper = 0
@@ -206,10 +211,12 @@ class PostgresSource:
     def poll(self, timeout: float) -> list[Event]:
         if self._conn is None:
             raise SourceTransientError(f"source {self.name!r} is not open; open it first")
+        snapshot = self._spool is not None
         try:
             return self._poll(timeout)
         except psycopg2.Error as e:
-            raise self._translate(e, "streaming") from e
+            raise self._translate(e, "copying the snapshot" if snapshot
+                                  else "streaming") from e
         except SourceProtocolError as e:
             raise SourceStalledError(
                 f"source {self.name!r}: {e}",
@@ -236,9 +243,8 @@ class PostgresSource:
         return max(0, self._wal_lsn - self._upper)
 
     def close(self) -> None:
-        for f in self._spool_files:
-            with contextlib.suppress(OSError):
-                f.close()
+        if self._snapshot is not None:
+            self._snapshot.close()
         for c in (self._repl, self._conn):
             if c is not None:
                 with contextlib.suppress(Exception):
@@ -424,56 +430,63 @@ class PostgresSource:
             with snap.cursor() as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
-                spooled: list[tuple[_Table, IO[bytes]]] = []
-                for upstream, table in self._by_name.items():
-                    if upstream in self._stalled:
-                        continue
-                    # closed by _read_spool or close()
-                    f = tempfile.TemporaryFile(dir=self.spool_dir, prefix="lamina-pg-")  # noqa: SIM115
-                    self._spool_files.append(f)
-                    t0 = time.monotonic()
-                    cur.copy_expert(sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT "
-                                            "WITH (FORMAT csv)").format(
-                        sql.SQL(", ").join(sql.Identifier(c[0]) for c in table.columns),
-                        _quote_table(upstream)).as_string(cur), f)
-                    f.seek(0)
-                    self._log.info("postgres.snapshot_copied", table=upstream,
-                                   bytes=os.fstat(f.fileno()).st_size,
-                                   duration_seconds=round(time.monotonic() - t0, 3))
-                    spooled.append((table, f))
-            snap.commit()
-        finally:
+                copies = [(upstream, sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT "
+                                             "WITH (FORMAT csv)").format(
+                    sql.SQL(", ").join(sql.Identifier(c[0]) for c in table.columns),
+                    _quote_table(upstream)).as_string(cur))
+                    for upstream, table in self._by_name.items()
+                    if upstream not in self._stalled]
+            spool = Spool(snap, copies, self.spool_dir, self._log)
+        except BaseException:
             snap.close()
+            raise
+        # the snapshot is imported: the replication connection may run commands again
+        self._snapshot = spool
+        spool.start()
         self._start_lsn = point
-        self._spool = self._read_spool(spooled, point - 1)
+        self._spool = self._read_spool([self._by_name[k] for k, _ in copies], point - 1)
 
-    def _read_spool(self, spooled: list[tuple[_Table, IO[bytes]]],
-                    offset: int) -> Iterator[Transaction]:
-        for table, f in spooled:
-            if os.fstat(f.fileno()).st_size == 0:
+    def _read_spool(self, tables: list[_Table], offset: int) -> Iterator[Transaction]:
+        """The snapshot's rows, table by table, as the spool grows (see
+        :mod:`~lamina.ingest.postgres.spool`); ends once every ``COPY`` returned."""
+        spool = self._snapshot
+        assert spool is not None
+        for table in tables:
+            if not spool.wait_started(table.upstream):
                 continue
             names = [c[0] for c in table.columns]
-            reader = pacsv.open_csv(
-                f, read_options=pacsv.ReadOptions(column_names=names, block_size=8 << 20),
-                parse_options=pacsv.ParseOptions(newlines_in_values=True),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={n: pa.string() for n in names}, null_values=[""],
-                    strings_can_be_null=True, quoted_strings_can_be_null=False))
-            for batch in reader:
-                if table.upstream in self._stalled:
-                    break
-                for start in range(0, batch.num_rows, self.snapshot_batch_rows):
-                    part = batch.slice(start, self.snapshot_batch_rows)
-                    try:
-                        cols = [to_arrow(part.column(i), t) for i, t in enumerate(table.types)]
-                    except SourceStalledError as e:
-                        self._stall(table.upstream, f"table {table.upstream}: {e.error}",
-                                    e.hint)
+            source = spool.reader(table.upstream)
+            try:
+                reader = pacsv.open_csv(
+                    source, read_options=pacsv.ReadOptions(column_names=names,
+                                                           block_size=SPOOL_BLOCK_BYTES),
+                    parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                    convert_options=pacsv.ConvertOptions(
+                        column_types={n: pa.string() for n in names}, null_values=[""],
+                        strings_can_be_null=True, quoted_strings_can_be_null=False))
+                for batch in reader:
+                    if table.upstream in self._stalled:
                         break
-                    cols.append(_ones(part.num_rows))
-                    data = pa.Table.from_arrays(cols, schema=_with_diff(table.spec.schema))
-                    yield Transaction(offset=offset, changes={table.upstream: data})
-            f.close()
+                    for start in range(0, batch.num_rows, self.snapshot_batch_rows):
+                        part = batch.slice(start, self.snapshot_batch_rows)
+                        try:
+                            cols = [to_arrow(part.column(i), t)
+                                    for i, t in enumerate(table.types)]
+                        except SourceStalledError as e:
+                            self._stall(table.upstream, f"table {table.upstream}: {e.error}",
+                                        e.hint)
+                            break
+                        cols.append(_ones(part.num_rows))
+                        data = pa.Table.from_arrays(cols, schema=_with_diff(table.spec.schema))
+                        yield Transaction(offset=offset, changes={table.upstream: data})
+            except Exception:
+                with spool.cond:
+                    if spool.error is not None:  # the COPY failed: that, not the parse
+                        raise spool.error from None
+                raise
+            source.release()
+        spool.finish()
+        self._snapshot = None
 
     def _check_slot(self, resume: int) -> None:
         row = self._wait_inactive()
@@ -518,7 +531,11 @@ class PostgresSource:
             self._next_catalog_check = time.monotonic() + self.catalog_check_seconds
             self._check_catalog()
         if self._spool is not None:
-            nxt = next(self._spool, None)
+            try:
+                nxt = next(self._spool, None)
+            except BaseException:
+                self.close()  # a snapshot cut short is never resumed: open again
+                raise
             if nxt is not None:
                 return self._take([nxt])
             self._spool = None
@@ -763,6 +780,12 @@ class PostgresSource:
             return SourceStalledError(what, hint=(
                 "give the role REPLICATION and SELECT on the tables (and CREATE on the "
                 "database, or create the publication yourself): see docs/ingestion.md"))
+        refused = _REFUSED.search(text)
+        if (code is not None and code.startswith(("28", "3D"))) or refused:
+            return SourceStalledError(what, hint=(
+                "the server refused the connection's credentials, role or database: fix the "
+                "source's dsn (user, password, dbname) or the server's pg_hba.conf and "
+                "restart; retrying the same settings cannot succeed"))
         if code == psycopg2.errorcodes.CONFIGURATION_LIMIT_EXCEEDED:
             return SourceStalledError(what, hint=(
                 "raise max_replication_slots / max_wal_senders in postgresql.conf, or drop "
@@ -774,8 +797,18 @@ class PostgresSource:
         return SourceStalledError(what, hint="see the PostgreSQL error above")
 
 
+_REFUSED: Final = re.compile(
+    r"password authentication failed|authentication failed for user|no pg_hba\.conf entry"
+    r"|role \".*\" does not exist|database \".*\" does not exist")
+"""Connection refusals that retrying cannot cure. libpq gives no SQLSTATE for a refused
+connection (classes 28 and 3D once connected), so they are known by their message."""
+
 _TEXT_TYPES: Final = frozenset({str, type(None)})
 """What a decoded column may be once unchanged TOAST values are filled in."""
+
+SPOOL_BLOCK_BYTES: Final = 1 << 20
+"""How much of a table's spool pyarrow parses at a time (the reader waits for that much,
+or for the table's end)."""
 
 _PSYCOPG2_FEEDBACK_OFF: Final = 10**6
 """psycopg2's own periodic feedback, pushed out of the way (see feedback.py)."""
