@@ -253,15 +253,18 @@ def update_doc(text: str, doc: Path = DOC) -> bool:
 
 def plot(doc: dict[str, Any]) -> Path:
     groups = []
+    targets: list[float | None] = []
     for fig, label in (("throughput", "append throughput"), ("end_bytes", "bytes at end"),
                        ("read_latest", "latest read time")):
         bars = {name: cell["ratios"][fig]["ratio"] for name, cell in doc["cells"].items()
                 if fig in cell["ratios"]}
         op, target = TARGETS[fig]
         groups.append((f"{label}: lamina / Delta (target {op} {target})", bars))
+        targets.append(target)
     return report.bar_chart(NAME, "lamina against durable Delta Lake, per cell", groups,
                             ylabel="ratio", note="medians of interleaved rounds; load "
-                            "average per cell in peers.json")
+                            "average per cell in peers.json; dashed: the target",
+                            targets=targets)
 
 
 def main(argv: list[str] | None = None) -> int:

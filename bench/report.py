@@ -85,8 +85,10 @@ def human(v: float) -> str:
 
 
 def bar_chart(name: str, title: str, groups: Sequence[tuple[str, dict[str, float]]], *,
-              ylabel: str, results: Path = RESULTS, note: str = "") -> Path:
-    """One PNG: for every group (a measured quantity), bars of lamina and its baselines."""
+              ylabel: str, results: Path = RESULTS, note: str = "",
+              targets: Sequence[float | None] | None = None) -> Path:
+    """One PNG: for every group (a measured quantity), bars of lamina and its baselines;
+    ``targets[i]``, when given, is drawn across group ``i`` as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,6 +105,11 @@ def bar_chart(name: str, title: str, groups: Sequence[tuple[str, dict[str, float
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)
         for i, v in enumerate(values):
             ax.annotate(human(v), (i, v), ha="center", va="bottom", fontsize=8)
+        target = targets[list(axes[0]).index(ax)] if targets else None
+        if target is not None:
+            ax.axhline(target, color="#c53030", linestyle="--", linewidth=1)
+            ax.annotate(f"target {human(target)}", (len(names) - 0.5, target), ha="right",
+                        va="bottom", fontsize=7, color="#c53030")
     fig.suptitle(title, fontsize=11)
     if note:
         fig.text(0.01, 0.01, note, fontsize=7, color="#4a5568")
