@@ -45,7 +45,7 @@ import pyarrow as pa
 from bench import report
 from bench.dataset import CACHE
 from lamina import Store
-from lamina.fs import FileSystem
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Relation
 from lamina.trace import reference
@@ -66,7 +66,7 @@ class Compacter:
     def __init__(self, store: Store, rel: Relation) -> None:
         self.rel = rel
         self.wal_dir = store.layout.wal_dir(rel.name)
-        self.trace = Trace.open(store.layout.trace_dir(rel.name), rel.meta)
+        self.trace = Trace.open(store.layout.trace_store(rel.name), rel.meta)
         self.converted_bytes = self.converted_rows = 0
         self.merged_bytes = self.merged_rows = 0
         self.merges = 0
@@ -138,7 +138,7 @@ def snapshot_bytes(meta: RelationMeta, rel: Relation, work: Path) -> int:
         [*(snap.column(c) for c in meta.row_columns),
          pa.array(np.full(snap.num_rows, since, dtype=np.uint64)), snap.column("_diff")],
         schema=meta.update_schema)
-    part = write_part(FileSystem(), work, "snapshot.parquet", meta.update_schema, [table])
+    part = write_part(LocalObjectStore(work), "snapshot.parquet", meta.update_schema, [table])
     (work / part.path).unlink()
     return part.bytes
 

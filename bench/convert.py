@@ -10,7 +10,7 @@ warmed up (once on a tenth of the input, :func:`bench.dataset.warm_scale`, and o
 input itself: a first full-size run grows memory pools), then run ``--rounds`` times,
 interleaved:
 
-- **lamina**: ``jobs.spark_convert`` on the plan the daemon would make, then
+- **lamina**: ``step.driver.spark_convert`` on the plan the daemon would make, then
   ``Trace.commit_conversion`` (the plan's segment scan, done by the daemon's pipeline before
   a job, is measured once apart as ``plan_seconds``);
 - **duckdb**: the segments decoded with lamina's reader (checksums verified), then in one
@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from bench import procs, report
 from bench.dataset import CACHE, Input, conversion_input, warm_scale
 from bench.procs import SparkContender, compare
+from lamina.objstore.local import LocalObjectStore
 from lamina.wal.reader import SegmentSpan
 
 NAME = "convert"
@@ -69,12 +70,12 @@ def dir_bytes(path: Path) -> int:
 
 def lamina_run(spark: Any, inp: Input, spans: list[SegmentSpan], work: Path,
                keep: bool = False) -> dict[str, Any]:
-    from lamina.compacter.jobs import spark_convert
+    from lamina.compacter.step.driver import spark_convert
     from lamina.trace.plan import plan_conversion
     from lamina.trace.trace import Trace
 
     trace_dir = work / f"trace-{uuid.uuid4().hex[:8]}"
-    trace = Trace.open(trace_dir, inp.meta)
+    trace = Trace.open(LocalObjectStore(trace_dir), inp.meta)
     plan = plan_conversion(trace.state, spans)
     started = time.monotonic()
     result = spark_convert(spark, trace, plan)
@@ -194,17 +195,17 @@ def verify(scale: float, answer: dict[str, Any]) -> str:
     the same plan."""
     from tests.compacter.workload import assert_same_conversion
 
-    from lamina.compacter.jobs import ConversionResult
+    from lamina.compacter.step.driver import ConversionResult
     from lamina.trace import reference
     from lamina.trace.plan import plan_conversion
     from lamina.trace.trace import Trace
 
     inp = conversion_input(scale, log=False)
     trace_dir = Path(answer["trace_dir"])
-    got_trace = Trace.open(trace_dir, inp.meta)
+    got_trace = Trace.open(LocalObjectStore(trace_dir), inp.meta)
     st = got_trace.state
     ref_dir = trace_dir.with_name(trace_dir.name + "-ref")
-    ref = Trace.open(ref_dir, inp.meta)
+    ref = Trace.open(LocalObjectStore(ref_dir), inp.meta)
     plan = plan_conversion(ref.state, inp.spans())
     want = reference.run_conversion(ref, plan)
     got = ConversionResult(parts=list(st.batches[0].parts) if st.batches else [],

@@ -45,6 +45,7 @@ from lamina import Store
 from lamina.consolidate import consolidate_updates
 from lamina.fs import FileSystem
 from lamina.layout import Layout, TraceLayout
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, new_id, write_part
 from lamina.trace.state import StateStore, TraceState
@@ -233,13 +234,13 @@ def merge_input(scale: float = 1.0, *, log: bool = True) -> Input:
             table = _batch_table(rng, items, meta, keys=keys, n=per, lower=lower,
                                  upper=upper)
             bid = new_id("b")
-            part = write_part(fs, trace_dir, TraceLayout.batch_part(bid, 0), meta.update_schema,
-                              [table])
+            part = write_part(LocalObjectStore(trace_dir, fs), TraceLayout.batch_part(bid, 0),
+                              meta.update_schema, [table])
             batches.append(BatchDesc(id=bid, lower=lower, upper=upper, since=0, level=0,
                                      parts=(part,)))
         state = TraceState.empty(RELATION, meta.relation_id).next(
             upper=2000, since=MERGE_SINCE, batches=tuple(batches))
-        StateStore(trace_dir, fs).publish(state)
+        StateStore(LocalObjectStore(trace_dir, fs)).publish(state)
 
     _cached(root, doc, build, f"two batches of {per:,} updates" if log else None)
     return Input(root=root, meta=_meta(root), updates=2 * per, keys=keys)

@@ -34,6 +34,7 @@ from bench.dataset import CACHE, _cached
 from lamina import Store
 from lamina.fs import FileSystem
 from lamina.layout import Layout, TraceLayout
+from lamina.objstore.local import LocalObjectStore
 from lamina.trace.batch import ROW_GROUP_ROWS, BatchDesc, new_id, write_part
 from lamina.trace.state import StateStore, TraceState
 
@@ -75,13 +76,14 @@ def lookup_input(scale: float) -> Path:
                 bid = new_id("b")
                 parts = []
                 for i, chunk in enumerate(np.array_split(ids, nparts)):
-                    parts.append(write_part(fs, trace_dir, TraceLayout.batch_part(bid, i),
+                    parts.append(write_part(LocalObjectStore(trace_dir, fs),
+                                            TraceLayout.batch_part(bid, i),
                                             meta.update_schema, [_rows(chunk, lower)]))
                 batches.append(BatchDesc(id=bid, lower=lower, upper=upper, since=0, level=0,
                                          parts=tuple(parts)))
             state = TraceState.empty(RELATION, meta.relation_id).next(
                 upper=2000, batches=tuple(batches))
-            StateStore(trace_dir, fs).publish(state)
+            StateStore(LocalObjectStore(trace_dir, fs)).publish(state)
             gone = _rows(rng.choice(perm, TAIL // 2, replace=False), 2000)
             gone = gone.set_column(4, "_diff", pa.array(np.full(TAIL // 2, -1, np.int64)))
             new = _rows(np.arange(TAIL // 2, dtype=np.int64) * 3 + 1, 2000)

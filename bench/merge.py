@@ -10,7 +10,7 @@ consolidates. Contenders, each in a child process, warmed up on a tenth of the i
 once on the input itself, then run ``--rounds`` times interleaved
 (:func:`bench.procs.compare`):
 
-- **lamina**: ``jobs.spark_merge`` on the plan the daemon would make (``plan_merge``), then
+- **lamina**: ``step.driver.spark_merge`` on the plan the daemon would make (``plan_merge``), then
   ``Trace.commit_merge``, on a fresh copy of the trace (copied before the clock starts);
 - **duckdb**: ``read_parquet`` of the parents' files, times below since forwarded, grouped
   by row and time, diffs summed, zero sums dropped, ordered, one zstd Parquet file;
@@ -39,6 +39,7 @@ from bench import procs, report
 from bench.convert import TARGETS, dir_bytes
 from bench.dataset import CACHE, Input, merge_input, warm_scale
 from bench.procs import SparkContender, compare
+from lamina.objstore.local import LocalObjectStore
 
 NAME = "merge"
 CONTENDERS = ("lamina", "duckdb", "naive")
@@ -46,22 +47,21 @@ CONTENDERS = ("lamina", "duckdb", "naive")
 
 def _parents(inp: Input) -> tuple[list[Path], int]:
     """The parents' files and the trace's since."""
-    from lamina.fs import FileSystem
     from lamina.trace.state import StateStore
 
-    state = StateStore(inp.trace_dir, FileSystem()).load_latest()
+    state = StateStore(LocalObjectStore(inp.trace_dir)).load_latest()
     assert state is not None
     return [inp.trace_dir / p.path for b in state.batches for p in b.parts], state.since
 
 
 def lamina_run(spark: Any, inp: Input, work: Path, keep: bool = False) -> dict[str, Any]:
-    from lamina.compacter.jobs import spark_merge
+    from lamina.compacter.step.driver import spark_merge
     from lamina.trace.plan import plan_merge
     from lamina.trace.trace import Trace
 
     trace_dir = work / f"trace-{uuid.uuid4().hex[:8]}"
     shutil.copytree(inp.trace_dir, trace_dir)
-    trace = Trace.open(trace_dir, inp.meta)
+    trace = Trace.open(LocalObjectStore(trace_dir), inp.meta)
     plan = plan_merge(trace.state)
     assert plan is not None
     started = time.monotonic()
@@ -161,10 +161,10 @@ def verify(scale: float, answer: dict[str, Any]) -> str:
 
     inp = merge_input(scale, log=False)
     trace_dir = Path(answer["trace_dir"])
-    got = Trace.open(trace_dir, inp.meta)
+    got = Trace.open(LocalObjectStore(trace_dir), inp.meta)
     ref_dir = trace_dir.with_name(trace_dir.name + "-ref")
     shutil.copytree(inp.trace_dir, ref_dir)
-    ref = Trace.open(ref_dir, inp.meta)
+    ref = Trace.open(LocalObjectStore(ref_dir), inp.meta)
     plan = plan_merge(ref.state)
     assert plan is not None
     want = reference.run_merge(ref, plan)

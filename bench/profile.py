@@ -6,7 +6,7 @@
     .venv/bin/python -m bench.profile wal [--runs 300]
 
 ``tasks`` runs the step's Spark tasks in this process, one after the other, with no Spark
-at all (``lamina.compacter.jobs`` hands the task functions to ``_run_tasks``, which this
+at all (``lamina.compacter.step.driver`` hands the task functions to ``_run_tasks``, which this
 replaces), and prints each job's CPU and wall seconds and cProfile's heaviest functions:
 the Python work of the step, without scheduling or parallelism.
 
@@ -44,11 +44,12 @@ from typing import Any
 import pyarrow as pa
 
 from bench.dataset import CACHE, Input, conversion_input, merge_input
+from lamina.objstore.local import LocalObjectStore
 
 
 def _step(step: str, scale: float, work: Path) -> tuple[Any, Callable[[Any], Any]]:
     """A fresh trace for the step, and a function running it with a given session."""
-    from lamina.compacter.jobs import spark_convert, spark_merge
+    from lamina.compacter.step.driver import spark_convert, spark_merge
     from lamina.trace.plan import plan_conversion, plan_merge
     from lamina.trace.trace import Trace
 
@@ -58,7 +59,7 @@ def _step(step: str, scale: float, work: Path) -> tuple[Any, Callable[[Any], Any
         spans = inp.spans()
 
         def convert(spark: Any) -> Any:
-            trace = Trace.open(work / f"t{time.monotonic_ns()}", inp.meta)
+            trace = Trace.open(LocalObjectStore(work / f"t{time.monotonic_ns()}"), inp.meta)
             return spark_convert(spark, trace, plan_conversion(trace.state, spans))
         return inp, convert
     inp = merge_input(scale)
@@ -66,7 +67,7 @@ def _step(step: str, scale: float, work: Path) -> tuple[Any, Callable[[Any], Any
     def merge(spark: Any) -> Any:
         trace_dir = work / f"t{time.monotonic_ns()}"
         shutil.copytree(inp.trace_dir, trace_dir)
-        trace = Trace.open(trace_dir, inp.meta)
+        trace = Trace.open(LocalObjectStore(trace_dir), inp.meta)
         plan = plan_merge(trace.state)
         assert plan is not None
         return spark_merge(spark, trace, plan)
@@ -74,7 +75,7 @@ def _step(step: str, scale: float, work: Path) -> tuple[Any, Callable[[Any], Any
 
 
 def tasks(step: str, scale: float, top: int) -> None:
-    from lamina.compacter import jobs
+    from lamina.compacter.step import driver
 
     class _Context:
         defaultParallelism = 2  # as SparkContext names it
@@ -100,7 +101,7 @@ def tasks(step: str, scale: float, top: int) -> None:
         pstats.Stats(profile).sort_stats("tottime").print_stats(top)
         return out
 
-    jobs._run_tasks = run_tasks
+    driver._run_tasks = run_tasks
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         _, fn = _step(step, scale, Path(tmp))
         started = time.monotonic()

@@ -49,6 +49,7 @@ from bench.procs import median
 from lamina import Store
 from lamina.fs import FileSystem
 from lamina.layout import Layout, TraceLayout
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, new_id, write_part
 from lamina.trace.state import StateStore, TraceState
@@ -68,8 +69,8 @@ def _tiny_batch(trace_dir: Path, meta: RelationMeta, lower: int, level: int) -> 
          pa.array(np.full(10, lower, dtype=np.uint64)), pa.array(np.ones(10, dtype=np.int64))],
         schema=meta.update_schema)
     bid = new_id("b")
-    part = write_part(FileSystem(), trace_dir, TraceLayout.batch_part(bid, 0), meta.update_schema,
-                      [table])
+    part = write_part(LocalObjectStore(trace_dir), TraceLayout.batch_part(bid, 0),
+                      meta.update_schema, [table])
     return BatchDesc(id=bid, lower=lower, upper=lower + 100, since=0, level=level,
                      parts=(part,))
 
@@ -106,8 +107,9 @@ def recovery_input(scale: float) -> Path:
         trace_dir = layout.trace_dir(name)
         batches = tuple(_tiny_batch(trace_dir, meta, 100 * i, BATCHES - 1 - i)
                         for i in range(BATCHES))
-        StateStore(trace_dir, FileSystem()).publish(TraceState.empty(name, meta.relation_id).next(
-            upper=BATCHES * 100, converted_through=1, batches=batches))
+        StateStore(LocalObjectStore(trace_dir)).publish(
+            TraceState.empty(name, meta.relation_id).next(
+                upper=BATCHES * 100, converted_through=1, batches=batches))
         with Store.open(root, fsync="never", segment_bytes=1 << 20) as store:
             rel = store.relation(name)
             t = BATCHES * 100
@@ -204,7 +206,7 @@ def read_states(root: Path) -> float:
     fs = FileSystem()
     started = time.monotonic()
     for name in layout.relation_names():
-        state = StateStore(layout.trace_dir(name), fs).load_latest()
+        state = StateStore(layout.trace_store(name, fs)).load_latest()
         assert state is not None
     return time.monotonic() - started
 

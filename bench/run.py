@@ -26,7 +26,7 @@ from typing import Any
 from bench.report import DEFAULT_RESULTS, RESULTS
 
 BENCHMARKS = ("wal_append", "convert", "merge", "amplification", "recovery", "scaling",
-              "peers", "reading", "ingest")
+              "peers", "reading", "ingest", "trace_storage")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:results -->", "<!-- /bench:results -->"
 
@@ -34,6 +34,8 @@ BEGIN, END = "<!-- bench:results -->", "<!-- /bench:results -->"
 def arguments(name: str, scale: float, rounds: int, verify: bool) -> list[str]:
     if name == "wal_append":
         return ["--seconds", "10"]
+    if name == "trace_storage":  # a tenth of convert's and merge's inputs (--scale 1: 0.1)
+        return ["--scale", f"{scale / 10:g}", "--rounds", str(min(rounds, 3))]
     if name == "peers":  # the 1M cells (the 10M ones: --cells, see docs/performance.md)
         return ["--rounds", str(min(rounds, 3)), *(["--cells", "quick"] if scale < 1 else [])]
     args = ["--scale", str(scale)]
@@ -212,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench import peers
 
         peers.update_doc(peers.table())  # its own table, between its own markers
+        from bench import trace_storage
+
+        trace_storage.update_doc(trace_storage.table())  # likewise
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.scaling [--scale 1.0] [--rounds 5]
 
-The conversion of bench/convert.py (``jobs.spark_convert`` and commit on
+The conversion of bench/convert.py (``step.driver.spark_convert`` and commit on
 :func:`bench.dataset.conversion_input`) with three Spark masters, each driven by a child
 process of its own (``python -m bench.convert --child lamina --master ...``; one process
 holds one SparkContext), warmed up and then run ``--rounds`` times interleaved:

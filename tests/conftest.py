@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
+
+if TYPE_CHECKING:
+    from tests.objstore.s3server import S3Server
 
 ORDERS = pa.schema([("id", pa.int64()), ("item", pa.string())])
 
@@ -39,6 +43,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "lamina-data"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 server (moto) on 127.0.0.1 for the whole run (tests/objstore/s3server.py)."""
+    from tests.objstore.s3server import S3Server
+
+    server = S3Server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket; the standard AWS environment points at the server for this test."""
+    from tests.objstore.s3server import CLEARED_ENV
+
+    for name in CLEARED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server.make_bucket()
+
+
+@pytest.fixture
+def spark_s3_env(spark: Any, s3_server: S3Server) -> Iterator[None]:
+    """The S3 server's endpoint and credentials in the session's executor environment
+    (what ``spark.executorEnv.AWS_*`` sets at start-up): tasks created meanwhile run in
+    Python workers that reach the server, as a cluster's executors would."""
+    env = spark.sparkContext.environment
+    saved = dict(env)
+    env.update(s3_server.env())
+    yield
+    env.clear()
+    env.update(saved)
+
+
+@pytest.fixture(params=["file", "s3"])
+def trace_url(request: pytest.FixtureRequest) -> str | None:
+    """Where a test's traces live: None (the default, ``<data>/trace``) or an ``s3://``
+    prefix on the test server; ``Store.open(root, trace_url=trace_url)`` records it."""
+    if request.param == "file":
+        return None
+    return f"s3://{request.getfixturevalue('s3_bucket')}/traces"
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ import pytest
 
 from lamina.errors import CorruptionError, QuarantinedError
 from lamina.layout import QUARANTINE_NAME, Layout
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Relation, Store
 from lamina.trace import reference
@@ -93,16 +94,16 @@ def build_damaged(root: Path) -> Damaged:
             oracles[name] = Oracle()
             _rounds(rel, oracles[name], 24)
             if name in ("part", "state"):
-                trace = Trace.open(store.layout.trace_dir(name), rel.meta)
+                trace = Trace.open(store.layout.trace_store(name), rel.meta)
                 convert(trace, rel.wal_dir, merge=False, limit=3)
                 trace.delete_converted_segments(rel.wal_dir)
                 assert plan_merge(trace.state) is not None
                 if name == "part":
-                    part = trace.dir / trace.state.batches[0].parts[0].path
+                    part = trace.store.root / trace.state.batches[0].parts[0].path
                     _flip(part, part.stat().st_size // 2, 3)
                     files[name] = part
                 else:
-                    state = trace.states.dir / state_file_name(trace.state.version)
+                    state = trace.store.root / "state" / state_file_name(trace.state.version)
                     text = state.read_bytes()
                     at = text.index(b'"upper": ') + len(b'"upper": ')
                     _flip(state, at, 0)  # one digit to its neighbour: still valid JSON
@@ -135,10 +136,10 @@ def test_every_bit_flip_of_a_state_file_is_refused(damaged: Damaged) -> None:
     """decode_state refuses each of the 8 x N single-bit flips of a real state file with
     CorruptionError naming the file (the checksum covers every field; the JSON around it
     breaks on any other flip)."""
-    states = StateStore(damaged.root / "trace" / "part", Trace.open(
-        damaged.root / "trace" / "part", _meta(damaged.root, "part")).fs)
+    states = StateStore(LocalObjectStore(damaged.root / "trace" / "part", Trace.open(
+        LocalObjectStore(damaged.root / "trace" / "part"), _meta(damaged.root, "part")).fs))
     version = states.versions()[-1]
-    path = states.dir / state_file_name(version)
+    path = states.store.root / "state" / state_file_name(version)
     data = path.read_bytes()
     assert decode_state(data, path).version == version
     buf = bytearray(data)
@@ -178,8 +179,8 @@ def test_bit_flips_of_a_part_are_refused(damaged: Damaged) -> None:
     """read_part checks size and CRC32C before Parquet sees a byte: 400 random single-bit
     flips and every truncation by up to 64 bytes are refused with CorruptionError."""
     trace_dir = damaged.root / "trace" / "state"
-    state = StateStore(trace_dir, Trace.open(trace_dir.with_name("part"),
-                                             _meta(damaged.root, "part")).fs)
+    opened = Trace.open(LocalObjectStore(trace_dir.with_name("part")), _meta(damaged.root, "part"))
+    state = StateStore(LocalObjectStore(trace_dir, opened.fs))
     part = state.load(state.versions()[0]).batches[0].parts[0]
     path = trace_dir / part.path
     data = path.read_bytes()
@@ -188,13 +189,13 @@ def test_bit_flips_of_a_part_are_refused(damaged: Damaged) -> None:
         i, bit = rng.randrange(len(data)), rng.randrange(8)
         path.write_bytes(data[:i] + bytes([data[i] ^ 1 << bit]) + data[i + 1:])
         with pytest.raises(CorruptionError, match="checksum"):
-            read_part(trace_dir, part)
+            read_part(LocalObjectStore(trace_dir), part)
     for cut in range(1, 65):
         path.write_bytes(data[:-cut])
         with pytest.raises(CorruptionError, match="bytes"):
-            read_part(trace_dir, part)
+            read_part(LocalObjectStore(trace_dir), part)
     path.write_bytes(data)
-    assert read_part(trace_dir, part).num_rows == part.rows
+    assert read_part(LocalObjectStore(trace_dir), part).num_rows == part.rows
 
 
 def _meta(root: Path, name: str) -> RelationMeta:
@@ -252,10 +253,10 @@ def test_trace_steps_refuse_the_damage(damaged: Damaged) -> None:
     the damaged segment and its merge the damaged part; each error names the file."""
     root = damaged.root
     with pytest.raises(CorruptionError) as info:
-        Trace.open(root / "trace" / "state", _meta(root, "state"))
+        Trace.open(LocalObjectStore(root / "trace" / "state"), _meta(root, "state"))
     assert info.value.path == damaged.files["state"]
 
-    seg_trace = Trace.open(root / "trace" / "seg", _meta(root, "seg"))
+    seg_trace = Trace.open(LocalObjectStore(root / "trace" / "seg"), _meta(root, "seg"))
     # As the compacter plans: frontiers only, payloads left to the step.
     spans = list(segment_spans(root / "wal" / "seg", "seg"))
     plan = plan_conversion(seg_trace.state, spans)
@@ -264,7 +265,7 @@ def test_trace_steps_refuse_the_damage(damaged: Damaged) -> None:
     assert info.value.path == damaged.files["seg"]
     assert seg_trace.state.version == 0
 
-    part_trace = Trace.open(root / "trace" / "part", _meta(root, "part"))
+    part_trace = Trace.open(LocalObjectStore(root / "trace" / "part"), _meta(root, "part"))
     merge = plan_merge(part_trace.state)
     assert merge is not None
     before = part_trace.state
@@ -338,4 +339,38 @@ def test_daemon_quarantines_damaged_relations_and_compacts_the_others(tmp_path: 
         rel = store.relation("good")
         for as_of in good.as_of_points(6):
             assert rel.snapshot(as_of).to_pylist() == good.snapshot(as_of)
-        assert not pending_spans(Trace.open(layout.trace_dir("good"), rel.meta), rel.wal_dir)
+        assert not pending_spans(Trace.open(layout.trace_store("good"), rel.meta), rel.wal_dir)
+
+
+@pytest.mark.parametrize("victim", ["state", "part"])
+def test_damaged_objects_are_refused_on_every_storage(tmp_path: Path, trace_url: str | None,
+                                                     victim: str) -> None:
+    """A flipped byte in the newest state version or in a batch part, on a directory or
+    on S3: reads refuse with a CorruptionError naming the object (its path or its s3://
+    URL), ``lamina verify`` reports it, and nothing is repaired behind the user's back."""
+    from lamina.verify import verify_relation
+
+    oracle = Oracle()
+    with Store.open(tmp_path, segment_bytes=4096, fsync="never", trace_url=trace_url) as store:
+        rel = store.create_relation("dmg", SCHEMA, key=KEY)
+        _rounds(rel, oracle, 12)
+        trace = Trace.open(store.layout.trace_store("dmg"), rel.meta)
+        convert(trace, rel.wal_dir)
+        trace.delete_converted_segments(rel.wal_dir)
+        objects = trace.store
+        if victim == "state":
+            key = StateStore.key(trace.state.version)
+        else:
+            key = trace.state.batches[0].parts[0].path
+        data = bytearray(objects.get(key))
+        data[len(data) // 2] ^= 0x10
+        objects.put(key, bytes(data))
+        with pytest.raises(CorruptionError) as info:
+            rel.snapshot(oracle.upper - 1)
+        assert str(info.value.path) == objects.location(key)
+        if trace_url is not None:
+            assert str(info.value.path).startswith("s3://")
+        report = verify_relation(store.layout, "dmg")
+        assert not report.ok
+        assert any(objects.location(key) in p for p in report.problems), report.problems
+        assert objects.get(key) == bytes(data)  # left as found

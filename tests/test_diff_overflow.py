@@ -30,6 +30,7 @@ from lamina.errors import (
     DiffOverflowError,
     InvalidArgumentError,
 )
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import MAX_DIFF
 from lamina.store import Relation, Store
 from lamina.trace.batch import read_part
@@ -137,7 +138,7 @@ def test_snapshot_names_the_row_and_keeps_the_rest(tmp_path: Path) -> None:
 
 
 def _batch_rows(trace: Trace) -> list[tuple[object, ...]]:
-    tables = [read_part(trace.dir, p) for b in trace.state.batches for p in b.parts]
+    tables = [read_part(trace.store, p) for b in trace.state.batches for p in b.parts]
     rows = pa.concat_tables(tables).select(["id", "_time", "_diff"]) if tables else None
     return [] if rows is None else rows_of(rows)
 
@@ -153,13 +154,13 @@ def test_conversion_keeps_the_sum_as_a_carry(tmp_path: Path) -> None:
         rel.seal(9)
     with Store.open(tmp_path / "d", segment_bytes=4096) as store:
         rel = store.relation("orders")
-        trace = Trace.open(store.layout.trace_dir("orders"), rel.meta)
+        trace = Trace.open(store.layout.trace_store("orders"), rel.meta)
         assert convert(trace, rel.wal_dir) >= 1
         trace.delete_converted_segments(rel.wal_dir)
         assert not pending_spans(trace, rel.wal_dir)
         assert [r for r in _batch_rows(trace) if r[1] == 6] == [
             (7, 6, INT64_MAX), (7, 6, 1), (8, 6, -INT64_MAX), (8, 6, -(2**62) - 1), (9, 6, 3)]
-        check_trace(trace.dir, rel.meta)
+        check_trace(trace.store.root, rel.meta)
         assert verify_relation(store.layout, "orders").problems == []
         _check_overflowing_reads(rel)
 
@@ -185,12 +186,12 @@ def test_forwarding_folds_times_into_a_carry_and_a_correction_folds_it_back(
             rel.seal(t + 1)
     with Store.open(root, segment_bytes=4096) as store:
         rel = store.relation("orders")
-        trace = Trace.open(store.layout.trace_dir("orders"), rel.meta)
+        trace = Trace.open(store.layout.trace_store("orders"), rel.meta)
         assert convert(trace, rel.wal_dir, per_plan=1) == 4  # merges cascade into one batch
         trace.delete_converted_segments(rel.wal_dir)
         assert [(b.lower, b.upper, b.since) for b in trace.state.batches] == [(0, 7, 5)]
         assert [r for r in _batch_rows(trace) if r[0] == 7] == [(7, 5, INT64_MAX), (7, 5, 1)]
-        check_trace(trace.dir, rel.meta)
+        check_trace(trace.store.root, rel.meta)
         with pytest.raises(DiffOverflowError, match="9223372036854775808") as info:
             rel.snapshot(6)
         assert info.value.rest is not None
@@ -205,12 +206,12 @@ def test_forwarding_folds_times_into_a_carry_and_a_correction_folds_it_back(
             rel.seal(t + 1)
     with Store.open(root, segment_bytes=4096) as store:
         rel = store.relation("orders")
-        trace = Trace.open(store.layout.trace_dir("orders"), rel.meta)
+        trace = Trace.open(store.layout.trace_store("orders"), rel.meta)
         assert convert(trace, rel.wal_dir, per_plan=1) == 4
         trace.delete_converted_segments(rel.wal_dir)
         assert [(b.lower, b.upper, b.since) for b in trace.state.batches] == [(0, 11, 8)]
         assert [r for r in _batch_rows(trace) if r[0] == 7] == [(7, 8, 2**63 - 2)]
-        check_trace(trace.dir, rel.meta)
+        check_trace(trace.store.root, rel.meta)
         assert (7, "big", 2**63 - 2) in rows_of(rel.snapshot(10))
 
 
@@ -259,7 +260,7 @@ def test_daemon_compacts_an_overflowing_relation_without_quarantine(tmp_path: Pa
             trace_dir = store.layout.trace_dir(name)
             if not (trace_dir / "state").exists():
                 return False
-            return not pending_spans(Trace.open(trace_dir, r.meta), r.wal_dir)
+            return not pending_spans(Trace.open(LocalObjectStore(trace_dir), r.meta), r.wal_dir)
 
     async def run() -> int:
         task = asyncio.create_task(daemon.run())

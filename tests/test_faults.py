@@ -16,6 +16,7 @@ import pytest
 
 from lamina.errors import StorageError, WriterFailedError
 from lamina.fs import FileSystem
+from lamina.objstore.local import LocalObjectStore
 from lamina.store import Store
 from lamina.testing.faults import (
     OP_KINDS,
@@ -199,12 +200,13 @@ def test_trace_conversion_failing_at_publication_changes_nothing(tmp_path: Path)
             oracle.append(rel, [(i % 3, "x", oracle.upper + i % 4, 1)])
             oracle.seal(rel, oracle.upper + 1)
         trace_dir = store.layout.trace_dir(NAME)
-        failing = Trace.open(trace_dir, rel.meta, fs=FailingFileSystem({"link": 1}))
+        failing_fs = FailingFileSystem({"link": 1})
+        failing = Trace.open(LocalObjectStore(trace_dir, failing_fs), rel.meta, fs=failing_fs)
         spans = pending_spans(failing, rel.wal_dir)
         assert spans
         with pytest.raises(StorageError):
             reference.convert(failing, plan_conversion(failing.state, spans))
-        fresh = Trace.open(trace_dir, rel.meta, fs=FileSystem())
+        fresh = Trace.open(LocalObjectStore(trace_dir, FileSystem()), rel.meta, fs=FileSystem())
         assert fresh.state.version == 0
         reference.convert(fresh, plan_conversion(fresh.state, spans))
         fresh.delete_converted_segments(rel.wal_dir)
@@ -216,7 +218,7 @@ def test_production_path_never_imports_the_test_seams() -> None:
     production path imports: the library, the CLI, the daemon and the drill (which selects
     its faults through fail points, not these file systems)."""
     code = ("import sys, lamina, lamina.store, lamina.read, lamina.cli.main, "
-            "lamina.compacter.daemon, lamina.compacter.jobs, lamina.drill.driver, "
+            "lamina.compacter.daemon, lamina.compacter.step.driver, lamina.drill.driver, "
             "lamina.drill.workload, lamina.verify\n"
             "print(sorted(m for m in sys.modules if m.startswith('lamina.testing')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

@@ -174,6 +174,7 @@ import resource, signal, sys
 import pyarrow as pa
 from lamina import Store
 from lamina.errors import StorageError, WriterFailedError
+from lamina.objstore.local import LocalObjectStore
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write(2) returns EFBIG instead
 store = Store.open(sys.argv[1], segment_bytes=1 << 22)
@@ -241,7 +242,7 @@ def _trace_base(root: Path, step: str) -> StepBase:
     fs = NoSyncFileSystem()
     with Store.open(root, segment_bytes=4096, fsync="never", fs=fs) as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs)
+        trace = Trace.open(store.layout.trace_store(NAME, fs), rel.meta, fs=fs)
         append_rounds(rel, oracle, 8, 0)
         if step == "convert":
             convert(trace, rel.wal_dir)
@@ -266,7 +267,7 @@ def _trace_base(root: Path, step: str) -> StepBase:
 def _run_step(step: str, root: Path, fs: FileSystem) -> None:
     with Store.open(root, fsync="never", fs=fs) as store:
         rel = store.relation(NAME)
-        run_step(step, Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs), rel.wal_dir)
+        run_step(step, Trace.open(store.layout.trace_store(NAME, fs), rel.meta, fs=fs), rel.wal_dir)
 
 
 
@@ -323,7 +324,7 @@ def test_a_failing_trace_step_leaves_the_state_intact_and_a_retry_succeeds(
                        for s in finished_segments(rel.wal_dir)), what
             assert data_files(trace_dir) == trace.state.files(), what
             assert not temp_files(trace_dir), what
-            assert StateStore(trace_dir, trace.fs).versions() == [trace.state.version], what
+            assert StateStore(trace.store).versions() == [trace.state.version], what
             assert all(r.ok for r in verify_store(store.layout)), what
         shutil.rmtree(work)
     expected = ({"write", "fdatasync", "rename", "link", "fsync_dir"} if step != "gc"

@@ -27,6 +27,7 @@ import pytest
 
 from lamina.errors import LaminaError, RelationNotFoundError
 from lamina.fs import FileSystem
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Relation, Store
 from lamina.testing.faults import Op, PowerCut, PowerLossFileSystem
@@ -270,7 +271,7 @@ class Workload:
         store = Store.open(self.root, segment_bytes=4096, fs=self.fs)
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
         self.created = True
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=self.fs)
+        trace = Trace.open(store.layout.trace_store(NAME, self.fs), rel.meta, fs=self.fs)
         self.rounds(rel, 14, self.seed)
         convert(trace, rel.wal_dir, per_plan=2)  # conversions, each followed by merges
         self.version = trace.state.version
@@ -300,7 +301,7 @@ def recover_image(root: Path, fs: FileSystem | None = None) -> None:
         except RelationNotFoundError:
             return
         rel.seal(rel.upper)  # takes the writer: WAL recovery
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs)
+        trace = Trace.open(store.layout.trace_store(NAME, fs), rel.meta, fs=fs)
         trace.delete_converted_segments(rel.wal_dir)
         convert(trace, rel.wal_dir, per_plan=8)
         trace.delete_converted_segments(rel.wal_dir)
@@ -482,7 +483,8 @@ def test_a_power_cut_after_a_killed_compacter_restarted_loses_nothing(tmp_path: 
         meta_path = w.root / "wal" / NAME / "relation.json"
         meta = RelationMeta.from_json(meta_path.read_bytes(), meta_path)
         wal_dir = w.root / "wal" / NAME
-        trace = Trace.open(w.root / "trace" / NAME, meta, fs=fs)  # the restart
+        # the restart
+        trace = Trace.open(LocalObjectStore(w.root / "trace" / NAME, fs), meta, fs=fs)
         trace.delete_converted_segments(wal_dir)
         convert(trace, wal_dir, per_plan=8)
         trace.delete_converted_segments(wal_dir)

@@ -224,6 +224,21 @@ def consolidate_updates(table: pa.Table, row_columns: Sequence[str],
                        carry=True)
 
 
+def consolidate_sorted(table: pa.Table, columns: Sequence[str], row_columns: Sequence[str],
+                       sort_columns: Sequence[str], *, context: str) -> pa.Table:
+    """Consolidate updates sorted by full key (row columns in the batch order, then
+    ``_time``), keeping ``columns`` (the update columns; any other is dropped): the same
+    rows, in the same order, as :func:`consolidate_updates`. Equal rows are adjacent, so
+    :func:`sum_adjacent` sums runs of neighbours without hashing or sorting again; where it
+    declines (float row columns, sums that might leave int64) :func:`consolidate_updates`
+    does it. (The Spark write tasks' consolidation, :mod:`lamina.compacter.step.write`.)"""
+    table = table.select(list(columns))
+    out = sum_adjacent(table, [*row_columns, TIME])
+    if out is not None:
+        return out
+    return consolidate_updates(table, row_columns, sort_columns, context=context)
+
+
 def snapshot_of(table: pa.Table, as_of: int, row_columns: Sequence[str],
                 sort_columns: Sequence[str], *, context: str) -> pa.Table:
     """Rows whose diffs over updates with ``_time <= as_of`` sum to non-zero."""

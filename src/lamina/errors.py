@@ -117,7 +117,9 @@ class CorruptionError(LaminaError):
         super().__init__(message + where)
         self.reason = message
         """The message without the location (what travels from a Spark task)."""
-        self.path = Path(path) if path is not None else None
+        self.path: Path | str | None = (
+            path if path is None or isinstance(path, Path) or "://" in path else Path(path))
+        """Where: a local :class:`~pathlib.Path`, or an object's URL (``s3://bucket/key``)."""
         self.offset = offset
 
 

@@ -9,6 +9,14 @@ A data directory (:class:`Layout`)::
     <data>/wal/<relation>/*.wal[.open]    segments (names: lamina.wal.segment)
     <data>/wal/.dropped/<relation>.<id>/  a dropped relation's WAL, until it is removed
     <data>/trace/<relation>/              the relation's trace (:class:`TraceLayout`)
+    <data>/trace.json                     TraceLocation: where the traces live, when not
+                                          under <data>/trace (an ``s3://`` URL)
+
+The traces of a data directory live under one URL (:meth:`Layout.trace_url`): by default
+``file://<data>/trace``; ``Store.open(path, trace_url=...)`` records another in
+``trace.json`` once, and everything that opens the data directory (the daemon, readers,
+``lamina verify``) then finds its traces there: one relation's trace is the object store
+``<trace url>/<relation>`` (:meth:`Layout.trace_store`).
 
 Inside one relation's trace (:class:`TraceLayout`; names relative to the trace directory,
 so the same names serve a directory and an object-store prefix)::
@@ -17,6 +25,8 @@ so the same names serve a directory and an object-store prefix)::
     batches/<batch id>/part-00000.parquet parts of one batch, written by parallel tasks
     batches/<batch id>.scratch/...        a conversion's intermediate runs, until it is done
     pending/<part id>.parquet             future updates (lamina.trace.pending)
+    staging/<segment seq>.wal             a finished WAL segment staged for decode tasks
+                                          on other machines (lamina.trace.staging)
 """
 
 from __future__ import annotations
@@ -25,14 +35,47 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lamina.errors import CorruptionError, QuarantinedError, RelationNotFoundError
+from lamina.errors import ConfigError, CorruptionError, QuarantinedError, RelationNotFoundError
 from lamina.fs import FileSystem
 from lamina.schema import RelationMeta, validate_name
+
+if TYPE_CHECKING:
+    from lamina.objstore.base import ObjectStore
+    from lamina.objstore.s3 import S3Settings
 
 META_NAME = "relation.json"
 LOCK_NAME = "LOCK"
 QUARANTINE_NAME = "QUARANTINED"
+TRACE_LOCATION_NAME = "trace.json"
+TRACE_LOCATION_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TraceLocation:
+    """``<data>/trace.json``: ``{"format_version": 1, "url": "s3://bucket/prefix"}``."""
+
+    url: str
+    format_version: int = TRACE_LOCATION_FORMAT
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format_version": self.format_version, "url": self.url},
+                          indent=1).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, data: bytes, path: Path) -> TraceLocation:
+        try:
+            doc = json.loads(data)
+            version, url = int(doc["format_version"]), doc["url"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptionError(f"{TRACE_LOCATION_NAME} is unreadable: {exc!r}",
+                                  path=path) from exc
+        if version != TRACE_LOCATION_FORMAT or not isinstance(url, str) or not url:
+            raise CorruptionError(f"{TRACE_LOCATION_NAME} has format version {version} and "
+                                  f"url {url!r}; this lamina reads version "
+                                  f"{TRACE_LOCATION_FORMAT} with a URL", path=path)
+        return cls(url=url, format_version=version)
 
 
 class TraceLayout:
@@ -41,6 +84,7 @@ class TraceLayout:
     STATE = "state"
     BATCHES = "batches"
     PENDING = "pending"
+    STAGING = "staging"
     DATA_DIRS = (BATCHES, PENDING)
     """Directories of data files: what garbage collection and verify walk."""
 
@@ -58,6 +102,10 @@ class TraceLayout:
         return f"{TraceLayout.BATCHES}/{batch_id}.scratch"
 
     @staticmethod
+    def staged_segment(seq: int) -> str:
+        return f"{TraceLayout.STAGING}/{seq:020d}.wal"
+
+    @staticmethod
     def pending_part(part_id: str) -> str:
         return f"{TraceLayout.PENDING}/{part_id}.parquet"
 
@@ -65,6 +113,8 @@ class TraceLayout:
 @dataclass(frozen=True)
 class Layout:
     root: Path
+    s3: S3Settings | None = None
+    """Explicit S3 settings for an ``s3://`` trace (unset fields: the AWS environment)."""
 
     @property
     def wal(self) -> Path:
@@ -86,7 +136,51 @@ class Layout:
         return self.wal / validate_name(name)
 
     def trace_dir(self, name: str) -> Path:
+        """The local directory of a ``file://`` trace under ``<data>/trace`` (tests and
+        tools that inspect files; everything else uses :meth:`trace_store`)."""
         return self.trace / validate_name(name)
+
+    @property
+    def trace_location_path(self) -> Path:
+        return self.root / TRACE_LOCATION_NAME
+
+    def default_trace_url(self) -> str:
+        return self.trace.absolute().as_uri()
+
+    def trace_url(self) -> str:
+        """Where this data directory's traces live (the module docstring)."""
+        path = self.trace_location_path
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return self.default_trace_url()
+        return TraceLocation.from_json(data, path).url
+
+    def record_trace_url(self, url: str, fs: FileSystem) -> None:
+        """Record ``url`` as the traces' location, once: a data directory whose traces
+        already live elsewhere (a recorded URL, or traces under ``trace/``) refuses a
+        different URL with :class:`ConfigError` and stays as it was. Relations without a
+        trace yet (nothing converted) follow the new location."""
+        from lamina.objstore.base import open_store
+
+        url = url.rstrip("/")
+        current = self.trace_url()
+        if url == current:
+            return
+        if self.trace_location_path.exists():
+            raise ConfigError(f"the traces of {self.root} live at {current}, not {url}; a "
+                              "data directory keeps the trace location it was created with")
+        if self.trace.is_dir() and any(self.trace.iterdir()):
+            raise ConfigError(f"{self.root} already has traces at {current}; moving them to "
+                              f"{url} is not supported (start a new data directory)")
+        open_store(url, self.s3)  # a malformed URL fails here, before it is recorded
+        fs.write_atomic(self.trace_location_path, TraceLocation(url).to_json())
+
+    def trace_store(self, name: str, fs: FileSystem | None = None) -> ObjectStore:
+        """The object store of relation ``name``'s trace (``fs``: the local fault seam)."""
+        from lamina.objstore.base import open_store
+
+        return open_store(self.trace_url(), self.s3, fs=fs).child(validate_name(name))
 
     def meta_path(self, name: str) -> Path:
         return self.wal_dir(name) / META_NAME

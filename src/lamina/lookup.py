@@ -30,7 +30,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ import pyarrow.parquet as pq
 from lamina.consolidate import consolidate
 from lamina.errors import InvalidArgumentError, SchemaError
 from lamina.layout import Layout
+from lamina.objstore.base import ObjectStore
 from lamina.read import check_as_of, filter_times, loose, pin
 from lamina.schema import DIFF, TIME, RelationMeta
 from lamina.trace.batch import PartFile
@@ -104,16 +104,16 @@ class KeyIndex:
         self._mu = threading.Lock()
 
     @staticmethod
-    def _key(trace_dir: Path, part: PartFile) -> tuple[str, int, int]:
-        return str(trace_dir / part.path), part.crc32c, part.bytes
+    def _key(store: ObjectStore, part: PartFile) -> tuple[str, int, int]:
+        return store.location(part.path), part.crc32c, part.bytes
 
-    def footer(self, trace_dir: Path, part: PartFile) -> pq.FileMetaData | None:
+    def footer(self, store: ObjectStore, part: PartFile) -> pq.FileMetaData | None:
         with self._mu:
-            entry = self._entries.get(self._key(trace_dir, part))
+            entry = self._entries.get(self._key(store, part))
             return None if entry is None else entry.metadata
 
     def get(self, part: OpenPart, column: int) -> PartIndex:
-        key = (str(part.path), part.part.crc32c, part.part.bytes)
+        key = self._key(part.store, part.part)
         with self._mu:
             entry = self._entries.get(key)
             if entry is not None:

@@ -11,8 +11,13 @@ updates at or below ``as_of``, consolidated, become a small DataFrame). The Data
     order by key columns, other row columns (nulls first)
 
 so the parts are read by parallel tasks and nothing but the tail travels from the driver.
-Page checksums are verified as Spark reads (``parquet.page.verify-checksum.enabled``); the
-whole-file CRC32C of the parts is not (that is ``lamina verify``'s job).
+Page checksums are verified as the parts are read; the whole-file CRC32C of the parts is
+not (that is ``lamina verify``'s job). How the tasks read the parts depends on the trace's
+location: a ``file://`` trace by Spark's own Parquet reader (with
+``parquet.page.verify-checksum.enabled``); any other store (``s3://``) by Python tasks that
+open each part through lamina's object store (``mapInArrow``, one part list entry per
+task, filtered to ``_time <= as_of`` as they read), so Spark needs no Hadoop S3 connector
+and the executors take S3 credentials from their environment.
 
 The DataFrame is lazy: it reads the files named by the trace state current when it was
 made. The compacter deletes files that no kept state names once they are older than its
@@ -26,16 +31,21 @@ columns holding NaN, which Spark orders last and Arrow first.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from lamina.consolidate import INT64_MAX, INT64_MIN, consolidate
 from lamina.errors import LaminaError
 from lamina.layout import Layout
+from lamina.objstore.local import LocalObjectStore
 from lamina.read import check_as_of, pin
-from lamina.schema import DIFF, TIME
+from lamina.schema import DIFF, TIME, RelationMeta
+from lamina.trace.view import OpenPart
 from lamina.wal.reader import frontiers
 
 
@@ -54,18 +64,21 @@ def read_snapshot(spark: Any, path: str | os.PathLike[str], relation: str,
     upper, since = frontiers(layout.wal_dir(relation), relation)
     as_of = check_as_of(relation, as_of, upper=upper, since=since)
     with pin(layout, meta, 0, as_of, verify=False) as view:
-        # every part, whole or not: Spark filters the times below
-        files = [p.path.resolve().as_uri() for p, _ in view.parts(0, as_of)]
+        # every part, whole or not: the tasks filter the times
+        opened = [p for p, _ in view.parts(0, as_of)]
         tail = pa.concat_tables(view.wal) if view.wal else meta.update_schema.empty_table()
     rows, cols = meta.row_columns, meta.sort_columns
     tail = consolidate(tail.drop_columns([TIME]), rows, cols,  # pin kept times <= as_of
                        context=f"snapshot of {relation!r} at {as_of}")
     frames = []
-    if files:
+    if opened and isinstance(opened[0].store, LocalObjectStore):
+        files = [Path(p.path).resolve().as_uri() for p in opened]
         parts = (spark.read.option("parquet.page.verify-checksum.enabled", "true")
                  .parquet(*files))
         frames.append(parts.where(F.col(TIME) <= F.lit(as_of).cast("decimal(20,0)"))
                       .select(*rows, DIFF))
+    elif opened:
+        frames.append(_parts_by_tasks(spark, meta, opened, as_of))
     if tail.num_rows or not frames:
         tail_df = spark.createDataFrame(tail)
         if frames:
@@ -81,3 +94,28 @@ def read_snapshot(spark: Any, path: str | os.PathLike[str], relation: str,
     ).otherwise(F.col("__sum").cast("long"))
     return (summed.select(*rows, checked.alias(DIFF))
             .orderBy(*(F.col(c).asc_nulls_first() for c in cols)))
+
+
+def _parts_by_tasks(spark: Any, meta: RelationMeta, opened: list[OpenPart], as_of: int) -> Any:
+    """The rows (row columns and ``_diff``) of ``opened`` at times ``<= as_of``, read by
+    Spark tasks through the parts' object store (one part per input row)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    store = opened[0].store
+    rows = meta.row_columns
+    out = pa.schema([meta.update_schema.field(c) for c in [*rows, DIFF]])
+    limit = pa.scalar(as_of, pa.uint64())
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            for key, size in zip(b.column(0).to_pylist(), b.column(1).to_pylist(), strict=True):
+                f = pq.ParquetFile(store.open_input(key, size), pre_buffer=True,
+                                   page_checksum_verification=True)
+                for rb in f.iter_batches(columns=[*rows, TIME, DIFF]):
+                    keep = rb.filter(pc.less_equal(rb.column(TIME), limit))
+                    yield pa.RecordBatch.from_arrays(
+                        [keep.column(c) for c in [*rows, DIFF]], schema=out)
+
+    listing = [(p.part.path, p.part.bytes) for p in opened]
+    df = spark.createDataFrame(listing, "key string, size long").repartition(len(listing))
+    return df.mapInArrow(read, from_arrow_schema(out))

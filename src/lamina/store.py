@@ -39,16 +39,19 @@ from lamina.wal.segment import encode_header, opening_records, segment_name
 
 if TYPE_CHECKING:
     from lamina.lookup import KeyIndex
+    from lamina.objstore.s3 import S3Settings
     from lamina.subscribe import Progress
 
 
 
 class Store:
-    """A lamina data directory: ``wal/`` for the logs, ``trace/`` for the compacted trace."""
+    """A lamina data directory: ``wal/`` for the logs, the traces under ``trace/`` or at
+    the URL the directory records (:meth:`lamina.layout.Layout.trace_url`)."""
 
     def __init__(self, root: Path, *, segment_bytes: int, segment_max_age_seconds: float,
-                 fsync: FsyncPolicy, fsync_interval: float, fs: FileSystem) -> None:
-        self.layout = Layout(root)
+                 fsync: FsyncPolicy, fsync_interval: float, fs: FileSystem,
+                 s3: S3Settings | None = None) -> None:
+        self.layout = Layout(root, s3=s3)
         self.segment_bytes = segment_bytes
         self.segment_max_age_seconds = segment_max_age_seconds
         self.fsync: FsyncPolicy = fsync
@@ -62,14 +65,21 @@ class Store:
     def open(cls, path: str | os.PathLike[str] = "lamina-data", *,
              segment_bytes: int = 64 << 20, segment_max_age_seconds: float = 60.0,
              fsync: FsyncPolicy = "always", fsync_interval: float = 0.1,
-             fs: FileSystem | None = None) -> Store:
+             fs: FileSystem | None = None, trace_url: str | None = None,
+             s3: S3Settings | None = None) -> Store:
         """Open (creating if needed) the data directory at ``path``.
 
         A WAL segment finishes (and becomes work for the compacter) at a seal once it has
         passed ``segment_bytes``, or once it is older than ``segment_max_age_seconds`` and
         holds an update or an advanced upper; closing the store finishes every open
         segment that holds either. Smaller targets mean more, smaller segments (the
-        compacter converts many in one job) and a trace that keeps closer to the upper."""
+        compacter converts many in one job) and a trace that keeps closer to the upper.
+
+        ``trace_url`` (``file:///abs/dir`` or ``s3://bucket/prefix``) records where the
+        compacter keeps this directory's traces, once: a directory created without one keeps
+        them under ``trace/``, and a different URL later is a :class:`ConfigError` that
+        changes nothing. ``s3``: explicit settings for reading an ``s3://`` trace (unset
+        fields come from the standard AWS environment)."""
         if fsync not in FSYNC_POLICIES:
             raise InvalidArgumentError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
@@ -87,9 +97,12 @@ class Store:
             raise InvalidArgumentError(f"{root} exists and is not a directory")
         store = cls(root, segment_bytes=segment_bytes,
                     segment_max_age_seconds=float(segment_max_age_seconds), fsync=fsync,
-                    fsync_interval=fsync_interval, fs=fs)
+                    fsync_interval=fsync_interval, fs=fs, s3=s3)
         fs.makedirs(store.layout.wal)
-        fs.makedirs(store.layout.trace)
+        if trace_url is not None:
+            store.layout.record_trace_url(trace_url, fs)
+        if store.layout.trace_url() == store.layout.default_trace_url():
+            fs.makedirs(store.layout.trace)
         return store
 
     # --- relations ------------------------------------------------------------------------

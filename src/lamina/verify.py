@@ -13,10 +13,8 @@ consolidation). A quarantined relation is reported as a problem.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from lamina.errors import CorruptionError, LaminaError, RelationNotFoundError
-from lamina.fs import FileSystem
 from lamina.layout import Layout, TraceLayout
 from lamina.trace.invariants import check_data, check_state
 from lamina.trace.state import StateStore
@@ -50,19 +48,18 @@ def verify_relation(layout: Layout, name: str) -> RelationReport:
         report.problems.append(str(exc))
         return report
     converted = 0
-    trace_dir = layout.trace_dir(name)
-    store = StateStore(trace_dir, FileSystem())
     try:
+        store = StateStore(layout.trace_store(name))
         for v in store.versions():
             store.load(v)
         state = store.load_latest()
         if state is not None and state.relation_id == meta.relation_id:
             check_state(state, store.dir)
-            check_data(trace_dir, state, meta)
+            check_data(store.store, state, meta)
             converted = state.converted_through
             report.batches = len(state.batches)
             report.files = len(state.files())
-            orphans = _unnamed_files(trace_dir, store)
+            orphans = _unnamed_files(store)
             if orphans:
                 report.notes.append(f"{orphans} data files no kept state version names "
                                     "(garbage, deleted by the compacter after its grace "
@@ -97,12 +94,12 @@ def verify_relation(layout: Layout, name: str) -> RelationReport:
     return report
 
 
-def _unnamed_files(trace_dir: Path, store: StateStore) -> int:
+def _unnamed_files(store: StateStore) -> int:
     named: set[str] = set()
     for v in store.versions():
         named |= store.load(v).files()
-    return sum(1 for sub in TraceLayout.DATA_DIRS for p in (trace_dir / sub).rglob("*")
-               if p.is_file() and p.relative_to(trace_dir).as_posix() not in named)
+    return sum(1 for sub in TraceLayout.DATA_DIRS for obj in store.store.list(sub)
+               if obj.key not in named)
 
 
 def verify_store(layout: Layout) -> list[RelationReport]:

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lamina.drill.oracle import Oracle
+from lamina.objstore.local import LocalObjectStore
 from lamina.status import KEYS
 from lamina.store import Store
 from lamina.trace import reference
@@ -37,7 +38,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Oracle]:
                    capture_output=True)
     with Store.open(data) as store:
         rel = store.relation("drill")
-        trace = Trace.open(store.layout.trace_dir("drill"), rel.meta)
+        trace = Trace.open(store.layout.trace_store("drill"), rel.meta)
         spans = list(segment_spans(rel.wal_dir, "drill"))
         for span in spans[: len(spans) // 2]:
             reference.convert(trace, plan_conversion(trace.state, [span]))
@@ -121,10 +122,9 @@ def test_verify_passes_then_finds_a_flipped_bit(populated: tuple[Path, Oracle],
 
     copy = tmp_path / "copy"
     shutil.copytree(data, copy)
-    from lamina.fs import FileSystem
     from lamina.trace.state import StateStore
 
-    state = StateStore(copy / "trace" / "drill", FileSystem()).load_latest()
+    state = StateStore(LocalObjectStore(copy / "trace" / "drill")).load_latest()
     assert state is not None
     victim = copy / "trace" / "drill" / state.batches[0].parts[0].path
     raw = bytearray(victim.read_bytes())

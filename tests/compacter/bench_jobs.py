@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lamina.compacter.jobs import spark_convert
 from lamina.compacter.spark import build_session
+from lamina.compacter.step.driver import spark_convert
 from lamina.trace import reference
 from lamina.trace.plan import plan_conversion
 from tests.compacter.workload import (

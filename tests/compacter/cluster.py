@@ -97,12 +97,27 @@ class StandaloneCluster:
                 proc.wait(10)
 
 
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], env: dict[str, str], log: Path, hide: Path | None = None
+           ) -> subprocess.Popen[bytes]:
+    """``spark-class args``; with ``hide``, in a mount namespace of its own where an empty
+    tmpfs covers ``hide`` (the process and its children cannot see what lies there: a
+    machine that shares no directory with the daemon)."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(spark_home() / "bin" / "spark-class"), *args]
+    if hide is not None:
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               f'mount -t tmpfs lamina-hidden "{hide}" && exec "$@"', "sh", *cmd]
     with log.open("ab") as out:
-        return subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], env=env,
-                                stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def can_hide_directories() -> bool:
+    """Whether this process may start children in a mount namespace of their own
+    (``unshare --mount``: root, or a kernel and container that allow it)."""
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                           capture_output=True, check=False)
+    return probe.returncode == 0
 
 
 def _wait(cluster: StandaloneCluster, ready: Any, what: str, timeout: float) -> None:
@@ -125,11 +140,12 @@ def _wait(cluster: StandaloneCluster, ready: Any, what: str, timeout: float) -> 
 
 
 def start_worker(cluster: StandaloneCluster, *, cores: int = 2, memory: str = "1g",
-                 env: dict[str, str] | None = None, timeout: float = 180.0
-                 ) -> subprocess.Popen[bytes]:
+                 env: dict[str, str] | None = None, timeout: float = 180.0,
+                 hide: Path | None = None) -> subprocess.Popen[bytes]:
     """Start one more worker (in a session of its own: its process group holds its
     executors and their Python workers, which inherit ``env`` on top of the cluster's
-    environment) and wait until the master counts it ALIVE."""
+    environment; with ``hide``, none of them sees that directory) and wait until the
+    master counts it ALIVE."""
     alive = sum(w.get("state") == "ALIVE" for w in cluster.status().get("workers", []))
     n = sum(1 for _ in (cluster.work / "logs").glob("worker*.log"))
     work_dir = cluster.work / f"worker{n or ''}"
@@ -138,7 +154,7 @@ def start_worker(cluster: StandaloneCluster, *, cores: int = 2, memory: str = "1
                    "--cores", str(cores), "--memory", memory, "--webui-port", str(free_port()),
                    "--work-dir", str(work_dir), cluster.master_url],
                   {**cluster_env(cluster.work), **(env or {})},
-                  cluster.work / "logs" / f"worker{n or ''}.log")
+                  cluster.work / "logs" / f"worker{n or ''}.log", hide)
     cluster.procs.append(proc)
     _wait(cluster, lambda d: sum(w.get("state") == "ALIVE"
                                  for w in d.get("workers", [])) > alive,
@@ -149,9 +165,11 @@ def start_worker(cluster: StandaloneCluster, *, cores: int = 2, memory: str = "1
 @contextlib.contextmanager
 def standalone_cluster(work: Path, *, cores: int = 2, memory: str = "1g",
                        timeout: float = 180.0, worker_env: dict[str, str] | None = None,
-                       workers: int = 1) -> Iterator[StandaloneCluster]:
+                       workers: int = 1, hide: Path | None = None
+                       ) -> Iterator[StandaloneCluster]:
     """A running master and ``workers`` workers on 127.0.0.1 (more can be added with
-    :func:`start_worker`); stopped when the block exits."""
+    :func:`start_worker`; ``hide``: a directory the workers cannot see); stopped when the
+    block exits."""
     env = cluster_env(work)
     port, web = free_port(), free_port()
     cluster = StandaloneCluster(master_url=f"spark://127.0.0.1:{port}",
@@ -163,7 +181,7 @@ def standalone_cluster(work: Path, *, cores: int = 2, memory: str = "1g",
         _wait(cluster, lambda d: d.get("status") == "ALIVE", "the master", timeout)
         for _ in range(workers):
             start_worker(cluster, cores=cores, memory=memory, env=worker_env,
-                         timeout=timeout)
+                         timeout=timeout, hide=hide)
         yield cluster
     finally:
         cluster.stop()
@@ -197,8 +215,9 @@ def _main() -> int:
     parser.add_argument("--plan", type=Path, required=True)
     args = parser.parse_args()
 
-    from lamina.compacter.jobs import JobTuning, spark_convert
     from lamina.compacter.spark import build_session
+    from lamina.compacter.step.driver import spark_convert
+    from lamina.compacter.step.work import JobTuning
     from lamina.layout import Layout
     from lamina.schema import RelationMeta
     from lamina.trace.trace import Trace
@@ -207,7 +226,7 @@ def _main() -> int:
     layout = Layout(args.data_dir)
     meta_path = layout.wal_dir(args.relation) / "relation.json"
     meta = RelationMeta.from_json(meta_path.read_bytes(), meta_path)
-    trace = Trace.open(layout.trace_dir(args.relation), meta)
+    trace = Trace.open(layout.trace_store(args.relation), meta)
     plan = plan_from_json(json.loads(args.plan.read_text()))
     spark = build_session(args.master, app_name="lamina-cluster-test", driver_memory="512m",
                           conf={"spark.executor.memory": "512m", "spark.cores.max": "2",

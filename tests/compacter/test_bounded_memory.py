@@ -241,7 +241,7 @@ def test_backlog_four_times_the_driver_memory_converts(tmp_path: Path) -> None:
     layout = Layout(data)
     with Store.open(data) as store:
         meta = store.relation("big").meta
-    state = Trace.open(layout.trace_dir("big"), meta).state
+    state = Trace.open(layout.trace_store("big"), meta).state
     assert state.converted_through == written.last_seq
     assert state.upper == written.upper
     assert not [s for s in list_segments(layout.wal_dir("big")) if s.finished]

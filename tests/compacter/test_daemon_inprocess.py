@@ -20,7 +20,6 @@ from lamina import failpoints
 from lamina.compacter.daemon import Daemon
 from lamina.compacter.inprocess import InProcessExecutor
 from lamina.drill.procs import DaemonProcess, free_port
-from lamina.fs import FileSystem
 from lamina.layout import Layout
 from lamina.store import Store
 from lamina.trace.state import StateStore
@@ -42,8 +41,8 @@ def _daemon(root: Path, **overrides: Any) -> Daemon:
 
 def _caught_up(root: Path, name: str) -> bool:
     layout = Layout(root)
-    states = StateStore(layout.trace_dir(name), FileSystem())
-    state = states.load_latest() if states.dir.exists() else None
+    states = StateStore(layout.trace_store(name))
+    state = states.load_latest()
     if state is None:
         return False
     return not any(s.seq > state.converted_through
@@ -51,8 +50,8 @@ def _caught_up(root: Path, name: str) -> bool:
 
 
 def _versions(root: Path, name: str) -> list[int]:
-    states = StateStore(Layout(root).trace_dir(name), FileSystem())
-    return states.versions() if states.dir.exists() else []
+    states = StateStore(Layout(root).trace_store(name))
+    return states.versions()
 
 
 def test_converts_beside_a_quarantined_relation_and_stops_on_sigterm(tmp_path: Path) -> None:

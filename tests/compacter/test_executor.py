@@ -15,8 +15,9 @@ from lamina import failpoints
 from lamina.compacter.daemon import Daemon
 from lamina.compacter.executor import SparkExecutor
 from lamina.compacter.inprocess import InProcessExecutor
-from lamina.compacter.jobs import ConversionResult, TaskError, task_error, translate
 from lamina.compacter.spark import check_cancelled, relation_tag
+from lamina.compacter.step.driver import ConversionResult
+from lamina.compacter.step.failures import TaskError, task_error, translate
 from lamina.drill.procs import free_port
 from lamina.errors import (
     CorruptionError,
@@ -48,7 +49,7 @@ def _open(root: Path, name: str = "orders") -> tuple[Trace, Path]:
     layout = Layout(root)
     with Store.open(root) as store:
         meta = store.relation(name).meta
-    return Trace.open(layout.trace_dir(name), meta), layout.wal_dir(name)
+    return Trace.open(layout.trace_store(name), meta), layout.wal_dir(name)
 
 
 def test_convert_and_merge_commit_what_the_wal_holds(tmp_path: Path) -> None:
@@ -130,7 +131,7 @@ def test_cancel_relation_returns_at_once_and_spares_the_others(
         slow = asyncio.create_task(ex.convert("a", ta, plan_conversion(ta.state,
                                                                        spans(ta, wa))))
         await until("a's job to write", lambda: ex.running().get("a") == 1
-                    and writing(ta.dir))
+                    and writing(ta.store.root))
         other = await ex.convert("b", tb, plan_conversion(tb.state, spans(tb, wb)))
         assert other.parts
         started = time.monotonic()
@@ -226,9 +227,9 @@ def test_task_error_record_round_trips_without_touching_the_message() -> None:
 def test_translate_rebuilds_the_error_a_task_raised() -> None:
     """What Spark hands the driver is text (a Py4J error quoting the task's traceback):
     the record inside it is found and the lamina error rebuilt."""
-    from lamina.compacter.jobs import _encode_failure
+    from lamina.compacter.step.failures import encode_failure
 
-    carried = _encode_failure(CorruptionError("bad frame", path="/x/seg", offset=17))
+    carried = encode_failure(CorruptionError("bad frame", path="/x/seg", offset=17))
     text = f"py4j.protocol.Py4JJavaError: ... Traceback ...\n{carried}\n\tat org.apache..."
     back = translate(RuntimeError(text), "conversion of 'r' to 9")
     assert isinstance(back, CorruptionError)

@@ -16,9 +16,9 @@ from structlog.testing import capture_logs
 
 from lamina import failpoints
 from lamina.compacter.inprocess import InProcessExecutor
-from lamina.compacter.jobs import ConversionResult
 from lamina.compacter.metrics import Metrics
 from lamina.compacter.pipeline import RelationPipeline
+from lamina.compacter.step.driver import ConversionResult
 from lamina.layout import Layout
 from lamina.trace import reference
 from lamina.trace.plan import ConversionPlan, plan_conversion, plan_merge

@@ -39,8 +39,8 @@ import pytest
 
 from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
-from lamina.fs import FileSystem
 from lamina.layout import Layout
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Store
 from lamina.trace.invariants import check_data, check_state
@@ -133,13 +133,13 @@ def _check(data: Path, oracle: Oracle) -> None:
         layout = Layout(data)
         meta_path = layout.wal_dir("drill") / "relation.json"
         meta = RelationMeta.from_json(meta_path.read_bytes(), meta_path)
-        states = StateStore(layout.trace_dir("drill"), store.fs)
+        states = StateStore(layout.trace_store("drill", store.fs))
         versions = states.versions()
         assert versions
         for v in versions:
             state = states.load(v)
             check_state(state)
-            check_data(layout.trace_dir("drill"), state, meta)
+            check_data(layout.trace_store("drill"), state, meta)
         assert all(r.ok for r in verify_store(layout)), [r.problems for r in verify_store(layout)]
 
 
@@ -207,7 +207,7 @@ def test_task_worker_and_executor_failures_are_retried(tmp_path: Path) -> None:
     assert retries >= len(failed) >= 2
     assert failures >= len(failed)
     _check(data, oracle)
-    states = StateStore(data / "trace" / "drill", FileSystem())
+    states = StateStore(LocalObjectStore(data / "trace" / "drill"))
     named = set().union(*(states.load(v).files() for v in states.versions()))
     assert not orphans & named, "a part of a failed attempt became visible"
 

@@ -1,6 +1,6 @@
 """Random workloads for the Spark job suites, and the comparison with the reference executor.
 
-Imported by tests/compacter/test_jobs.py, test_cluster.py and by the cluster child script
+Imported by tests/compacter/test_step.py, test_cluster.py and by the cluster child script
 (tests/compacter/cluster.py), so it must not import pytest.
 """
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from lamina.objstore.base import open_store
 from lamina.schema import RelationMeta
 from lamina.store import Relation, Store
 from lamina.trace.batch import PartFile, read_part
@@ -25,7 +25,7 @@ from lamina.wal.reader import SegmentSpan, segment_spans, segment_updates
 from lamina.wal.segment import SegmentFile
 
 if TYPE_CHECKING:
-    from lamina.compacter.jobs import ConversionResult
+    from lamina.compacter.step.driver import ConversionResult
 
 INT_KEY = pa.schema([("id", pa.int64()), ("item", pa.string()), ("note", pa.string()),
                      ("score", pa.float64())])
@@ -53,21 +53,23 @@ class Workload:
         return base if not name else base.with_name(f"{base.name}.{name}")
 
     def trace(self) -> Trace:
-        return Trace.open(self.trace_dir(), self.meta)
+        return Trace.open(self.store.layout.trace_store(self.rel.name), self.meta)
 
     def fork(self, trace: Trace, name: str) -> Trace:
-        """A copy of ``trace``'s directory under another name, opened: two executors can
-        carry out one plan without writing over each other's files."""
-        dest = self.trace_dir(name)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(trace.dir, dest)
+        """A copy of ``trace``'s objects under another name beside it, opened: two
+        executors can carry out one plan without writing over each other's files."""
+        root = open_store(self.store.layout.trace_url())
+        dest = root.child(f"{self.rel.name}.{name}")
+        dest.delete_prefix("")
+        for obj in trace.store.list(""):
+            dest.put(obj.key, trace.store.get(obj.key))
         return Trace.open(dest, self.meta)
 
 
 def open_workload(root: Path, schema: pa.Schema, key: list[str], *,
-                  segment_bytes: int = 4096, name: str = "rel") -> Workload:
-    store = Store.open(root, segment_bytes=segment_bytes, fsync="never")
+                  segment_bytes: int = 4096, name: str = "rel",
+                  trace_url: str | None = None) -> Workload:
+    store = Store.open(root, segment_bytes=segment_bytes, fsync="never", trace_url=trace_url)
     rel = store.create_relation(name, schema, key=key)
     return Workload(root, store, rel)
 
@@ -153,14 +155,14 @@ def spans(trace: Trace, wal_dir: Path) -> list[SegmentSpan]:
 def batch_table(trace: Trace, parts: list[PartFile]) -> pa.Table:
     """The batch's rows: its parts read (checksums checked) and concatenated in order."""
     schema = trace.meta.update_schema
-    tables = [read_part(trace.dir, p) for p in parts]
+    tables = [read_part(trace.store, p) for p in parts]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def pending_tables(trace: Trace, pending: list[PendingPart]) -> dict[tuple[int, int], pa.Table]:
     out: dict[tuple[int, int], list[pa.Table]] = {}
     for p in pending:
-        out.setdefault((p.lower, p.upper), []).append(read_part(trace.dir, p.part))
+        out.setdefault((p.lower, p.upper), []).append(read_part(trace.store, p.part))
     return {k: pa.concat_tables(v) for k, v in sorted(out.items())}
 
 

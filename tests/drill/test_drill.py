@@ -49,7 +49,7 @@ def make_drilled(tmp_path: Path, *, delete_converted: bool = True) -> tuple[Path
     wal_dir = layout.wal_dir(RELATION)
     n = len(finished_segments(wal_dir))
     assert n >= 6, "the workload should have finished several segments"
-    trace = Trace.open(layout.trace_dir(RELATION), meta_of(data))
+    trace = Trace.open(layout.trace_store(RELATION), meta_of(data))
     convert(trace, wal_dir, per_plan=2, limit=n // 2)
     if delete_converted:
         trace.delete_converted_segments(wal_dir)
@@ -65,7 +65,7 @@ def drilled(tmp_path: Path) -> tuple[Path, Path]:
 def unconverted_segment_with_updates(data: Path) -> tuple[Path, int, int]:
     """(path, offset, end) of an update record in a finished, unconverted segment."""
     wal_dir = Layout(data).wal_dir(RELATION)
-    trace = Trace.open(Layout(data).trace_dir(RELATION), meta_of(data))
+    trace = Trace.open(Layout(data).trace_store(RELATION), meta_of(data))
     for seg in finished_segments(wal_dir):
         if seg.seq <= trace.state.converted_through:
             continue
@@ -99,7 +99,7 @@ def test_check_detects_a_segment_counted_twice(tmp_path: Path) -> None:
     """A trace state that forgets it converted a segment still on disk (the double count
     that converted_through exists to prevent) makes readers see its updates twice."""
     data, ack = make_drilled(tmp_path, delete_converted=False)
-    trace = Trace.open(Layout(data).trace_dir(RELATION), meta_of(data))
+    trace = Trace.open(Layout(data).trace_store(RELATION), meta_of(data))
     st = trace.state
     trace.states.publish(st.next(converted_through=st.converted_through - 1))
     problems = check(data, Oracle.load(ack))
@@ -109,7 +109,7 @@ def test_check_detects_a_segment_counted_twice(tmp_path: Path) -> None:
 def test_check_detects_a_segment_skipped_by_the_trace(drilled: tuple[Path, Path]) -> None:
     """A trace state claiming a segment it never converted loses that segment's updates."""
     data, ack = drilled
-    trace = Trace.open(Layout(data).trace_dir(RELATION), meta_of(data))
+    trace = Trace.open(Layout(data).trace_store(RELATION), meta_of(data))
     st = trace.state
     trace.states.publish(st.next(converted_through=st.converted_through + 1))
     problems = check(data, Oracle.load(ack))
@@ -437,3 +437,32 @@ def test_drill_100_kills_over_every_phase(tmp_path: Path) -> None:
     assert report["acknowledged_ops"] > 1000
     assert report["snapshots_checked"] > 60
     print(f"drill: {report['total_kills']} kills in {took:.0f} s: {phases}")
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_drill_with_the_trace_on_s3(tmp_path: Path, s3_bucket: str) -> None:
+    """``lamina drill --trace-url s3://...``: coordinators and daemons killed, daemons at
+    the trace's fail points too, with every state, part and pending part an S3 object;
+    no violation, and nothing of the trace under the data directory."""
+    report_path = tmp_path / "drill.json"
+    url = f"s3://{s3_bucket}/drill"
+    out = subprocess.run(
+        [LAMINA, "drill", "--data-dir", str(tmp_path / "data"), "--kills", "24",
+         "--seed", "20261124", "--daemon-share", "0.35", "--max-seconds", "150",
+         "--coordinators", "1", "--trace-url", url, "--report", str(report_path)],
+        capture_output=True, text=True, timeout=500, check=False)
+    report = json.loads(report_path.read_text())
+    detail = f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}\nlogs: {tmp_path}/data.drill"
+    assert out.returncode == 0, detail
+    assert report["violations"] == [], detail
+    assert report["trace_url"] == url
+    assert report["total_kills"] >= 20, detail
+    assert any(k.startswith("daemon:") for k in report["kills"]), detail
+    assert report["snapshots_checked"] > 30, detail
+    from lamina.objstore.base import open_store
+
+    keys = [o.key for o in open_store(url).list("")]
+    assert any(k.startswith("drill/state/") for k in keys), keys[:20]
+    assert not list((tmp_path / "data" / "trace").glob("*/*"))

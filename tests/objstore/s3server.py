@@ -101,7 +101,9 @@ class LossyProxy:
     responses: while
     ``lose_creates`` > 0, the next conditional create (a PUT carrying If-None-Match) is
     forwarded, the server's answer read and thrown away, and the client's connection
-    closed. The object was written; the writer cannot know. ``lost`` counts them."""
+    closed. The object was written; the writer cannot know. ``lost`` counts them.
+    ``bytes_up`` and ``bytes_down`` count what it forwarded each way (bench/trace_storage.py
+    reads them with ``requests`` as the cost of a step)."""
 
     def __init__(self, upstream: str) -> None:
         import threading
@@ -119,6 +121,10 @@ class LossyProxy:
         """Conditional creates seen (a retry is seen again)."""
         self.requests: list[str] = []
         """The request line's method and path, of every request seen."""
+        self.bytes_up = 0
+        """Bytes forwarded from clients to the server (request lines, headers, bodies)."""
+        self.bytes_down = 0
+        """Bytes forwarded from the server to clients (status lines, headers, bodies)."""
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -150,6 +156,8 @@ class LossyProxy:
                             self.lost += 1
                         break
                     client.sendall(data)
+                    with self._mu:
+                        self.bytes_down += len(data)
             except OSError:
                 pass
             with contextlib.suppress(OSError):
@@ -171,5 +179,7 @@ class LossyProxy:
                             self.lose_creates -= 1
                             state["drop"] = True
                 up.sendall(data)
+                with self._mu:
+                    self.bytes_up += len(data)
         except OSError:
             pass

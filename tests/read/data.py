@@ -48,6 +48,6 @@ def relation(root: Path, seed: int, rounds: int = 24,
     with Store.open(root, segment_bytes=4096, fsync="never") as store:
         rel = store.create_relation(NAME, SCHEMA, KEY)
         oracle = Oracle()
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         fill(rel, oracle, trace, random.Random(seed), rounds=rounds, keys=keys)
         yield rel, oracle

@@ -61,7 +61,7 @@ def test_lookup_reads_only_the_row_groups_that_can_hold_the_keys(tmp_path: Path)
             from lamina.trace.trace import Trace
             from tests.trace.helpers import convert
 
-            trace = Trace.open(store.layout.trace_dir("r"), rel.meta)
+            trace = Trace.open(store.layout.trace_store("r"), rel.meta)
             convert(trace, rel.wal_dir, per_plan=64)
             trace.delete_converted_segments(rel.wal_dir)
             part = trace.state.batches[0].parts[0]

@@ -55,7 +55,7 @@ def test_spark_snapshot_of_other_types_and_an_empty_relation(spark: Any,
         from tests.trace.helpers import convert
 
         rel.seal(2**64)
-        convert(Trace.open(store.layout.trace_dir("t"), rel.meta), rel.wal_dir, per_plan=64)
+        convert(Trace.open(store.layout.trace_store("t"), rel.meta), rel.wal_dir, per_plan=64)
         for as_of in (1, 2, 3):
             got = read_snapshot(spark, tmp_path, "t", as_of).toArrow()
             want = rel.snapshot(as_of)

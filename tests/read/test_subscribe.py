@@ -49,7 +49,7 @@ class Compacter(threading.Thread):
 
     def __init__(self, store: Store, rel_meta: Any, wal_dir: Path) -> None:
         super().__init__(daemon=True)
-        self.trace = Trace.open(store.layout.trace_dir(NAME), rel_meta)
+        self.trace = Trace.open(store.layout.trace_store(NAME), rel_meta)
         self.wal_dir = wal_dir
         self.halt = threading.Event()
         self.steps = 0
@@ -149,7 +149,7 @@ def test_falling_behind_since_is_an_error(tmp_path: Path) -> None:
         for _ in range(6):
             oracle.append(rel, random_rows(random.Random(1), oracle.upper, 5, 10))
             oracle.seal(rel, oracle.upper + 2)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         sub = rel.subscribe(2, snapshot=False, max_wait=0.01)
         assert next(sub) == Progress(3)
         # compaction forwards times below 8 into one merged batch straddling the frontier

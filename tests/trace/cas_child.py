@@ -35,7 +35,7 @@ def answer(line: str) -> None:
 def main(root: Path) -> None:
     store = Store.open(root)
     rel = store.relation(NAME)
-    trace_dir = store.layout.trace_dir(NAME)
+    trace_dir = store.layout.trace_store(NAME)
     commands = iter(sys.stdin)
     for command in commands:
         trace = Trace.open(trace_dir, rel.meta)

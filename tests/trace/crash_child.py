@@ -48,7 +48,7 @@ def run_step(step: str, root: Path, fs: InjectingFileSystem) -> None:
     """Run ``step`` on the relation of the data directory ``root`` with ``fs``."""
     store = Store.open(root, fs=fs)
     rel = store.relation(NAME)
-    trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs)
+    trace = Trace.open(store.layout.trace_store(NAME, fs), rel.meta, fs=fs)
     try:
         helpers.run_step(step, trace, rel.wal_dir)
     except ValueError as exc:

@@ -18,6 +18,8 @@ import pyarrow as pa
 
 from lamina.fs import TMP_SUFFIX, FileSystem
 from lamina.layout import TraceLayout
+from lamina.objstore.base import ObjectStore
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Relation
 from lamina.trace import reference
@@ -184,10 +186,15 @@ def run_step(step: str, trace: Trace, wal_dir: Path) -> None:
         raise ValueError(f"unknown step {step!r}; expected one of {STEPS}")
 
 
-def recover(trace_dir: Path, wal_dir: Path, meta: RelationMeta) -> Trace:
+def as_store(trace: ObjectStore | Path) -> ObjectStore:
+    """A trace's store, given the store or a local trace directory."""
+    return trace if isinstance(trace, ObjectStore) else LocalObjectStore(trace)
+
+
+def recover(trace_dir: ObjectStore | Path, wal_dir: Path, meta: RelationMeta) -> Trace:
     """What a restarted compacter does: load the newest state, delete segments it marks
     converted, convert the rest, merge, collect garbage with no grace period."""
-    trace = Trace.open(trace_dir, meta)
+    trace = Trace.open(as_store(trace_dir), meta)
     trace.delete_converted_segments(wal_dir)
     convert(trace, wal_dir, per_plan=8)
     trace.delete_converted_segments(wal_dir)
@@ -198,18 +205,23 @@ def recover(trace_dir: Path, wal_dir: Path, meta: RelationMeta) -> Trace:
 
 # --- whole-trace checks -------------------------------------------------------------------
 
-def check_trace(trace_dir: Path, meta: RelationMeta) -> TraceState | None:
-    """Load the newest state from disk and check every state and data invariant."""
-    state = StateStore(trace_dir, FileSystem()).load_latest()
+def check_trace(trace_dir: ObjectStore | Path, meta: RelationMeta) -> TraceState | None:
+    """Load the newest state from storage and check every state and data invariant."""
+    state = StateStore(as_store(trace_dir)).load_latest()
     if state is None:
         return None
     check_state(state)
-    check_data(trace_dir, state, meta)
+    check_data(as_store(trace_dir), state, meta)
     return state
 
 
-def data_files(trace_dir: Path) -> set[str]:
-    """Every file under the data directories (batches/, pending/), relative to trace_dir."""
+def data_files(trace_dir: ObjectStore | Path) -> set[str]:
+    """Every object under the data prefixes (batches/, pending/), by key; on a local trace
+    every file there (temp files too)."""
+    if isinstance(trace_dir, LocalObjectStore):
+        trace_dir = trace_dir.root
+    if isinstance(trace_dir, ObjectStore):
+        return {o.key for sub in TraceLayout.DATA_DIRS for o in trace_dir.list(sub)}
     out: set[str] = set()
     for sub in TraceLayout.DATA_DIRS:
         root = trace_dir / sub
@@ -219,9 +231,9 @@ def data_files(trace_dir: Path) -> set[str]:
     return out
 
 
-def named_files(trace_dir: Path) -> set[str]:
-    """Files named by any state version on disk."""
-    store = StateStore(trace_dir, FileSystem())
+def named_files(trace_dir: ObjectStore | Path) -> set[str]:
+    """Files named by any state version in storage."""
+    store = StateStore(as_store(trace_dir))
     names: set[str] = set()
     for v in store.versions():
         names |= store.load(v).files()

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina.errors import CorruptionError
-from lamina.fs import FileSystem, crc32c
+from lamina.fs import crc32c
 from lamina.layout import TraceLayout
+from lamina.objstore.local import LocalObjectStore
 from lamina.testing.faults import CountingFileSystem
 from lamina.trace.batch import (
     BatchDesc,
@@ -30,7 +31,7 @@ ROWS = table_of([(1, "a", 0, 1), (1, "b", 3, -2), (2, "a", 1, 5)]).cast(UPDATE_S
 
 
 def _write(tmp_path: Path, tables: list[pa.Table] | None = None) -> PartFile:
-    return write_part(FileSystem(), tmp_path, TraceLayout.batch_part("b1", 0), UPDATE_SCHEMA,
+    return write_part(LocalObjectStore(tmp_path), TraceLayout.batch_part("b1", 0), UPDATE_SCHEMA,
                       [ROWS] if tables is None else tables)
 
 
@@ -40,8 +41,8 @@ def test_round_trip_records_rows_bytes_and_checksum(tmp_path: Path) -> None:
     data = (tmp_path / part.path).read_bytes()
     assert part.path == "batches/b1/part-00000.parquet"
     assert (part.rows, part.bytes, part.crc32c) == (3, len(data), crc32c(data))
-    assert read_part(tmp_path, part).equals(ROWS)
-    assert read_part(tmp_path, part, columns=["id"]).column_names == ["id"]
+    assert read_part(LocalObjectStore(tmp_path), part).equals(ROWS)
+    assert read_part(LocalObjectStore(tmp_path), part, columns=["id"]).column_names == ["id"]
     assert not temp_files(tmp_path)
 
 
@@ -51,14 +52,15 @@ def test_several_tables_and_empty_ones_make_one_file(tmp_path: Path) -> None:
     part = _write(tmp_path, [ROWS.slice(0, 1), empty, table_of([(1, "b", 3, -2),
                                                                  (2, "a", 1, 5)])])
     assert part.rows == 3
-    assert read_part(tmp_path, part).equals(ROWS)
+    assert read_part(LocalObjectStore(tmp_path), part).equals(ROWS)
 
 
 def test_publication_is_temp_fsync_rename_dir_fsync(tmp_path: Path) -> None:
     """crash-safety rule 2, docs/architecture.md: written to a temp file, fdatasynced, renamed,
     directory synced."""
     fs = CountingFileSystem()
-    write_part(fs, tmp_path, TraceLayout.batch_part("b2", 0), UPDATE_SCHEMA, [ROWS])
+    write_part(LocalObjectStore(tmp_path, fs), TraceLayout.batch_part("b2", 0), UPDATE_SCHEMA,
+               [ROWS])
     kinds = [op.kind for op in fs.ops]
     tail = kinds[kinds.index("fdatasync"):]
     assert tail == ["fdatasync", "rename", "fsync_dir"]
@@ -80,7 +82,7 @@ def test_any_flipped_byte_is_detected(tmp_path_factory: pytest.TempPathFactory,
     raw[offset] ^= 1 << data.draw(st.integers(0, 7), label="bit")
     path.write_bytes(bytes(raw))
     with pytest.raises(CorruptionError, match="checksum mismatch") as info:
-        read_part(root, part)
+        read_part(LocalObjectStore(root), part)
     assert info.value.path == path
 
 
@@ -90,10 +92,10 @@ def test_truncated_or_extended_file_is_detected(tmp_path: Path) -> None:
     raw = path.read_bytes()
     path.write_bytes(raw[:-1])
     with pytest.raises(CorruptionError, match="bytes"):
-        read_part(tmp_path, part)
+        read_part(LocalObjectStore(tmp_path), part)
     path.write_bytes(raw + b"\0")
     with pytest.raises(CorruptionError, match="bytes"):
-        read_part(tmp_path, part)
+        read_part(LocalObjectStore(tmp_path), part)
 
 
 def test_description_disagreeing_with_the_file_is_detected(tmp_path: Path) -> None:
@@ -101,12 +103,12 @@ def test_description_disagreeing_with_the_file_is_detected(tmp_path: Path) -> No
     part = _write(tmp_path)
     wrong_rows = PartFile(part.path, part.rows + 1, part.bytes, part.crc32c)
     with pytest.raises(CorruptionError, match="rows"):
-        read_part(tmp_path, wrong_rows)
+        read_part(LocalObjectStore(tmp_path), wrong_rows)
     junk = b"definitely not a parquet file"
     (tmp_path / "batches/b1/junk.parquet").write_bytes(junk)
     fake = PartFile("batches/b1/junk.parquet", 1, len(junk), crc32c(junk))
     with pytest.raises(CorruptionError, match="not readable Parquet"):
-        read_part(tmp_path, fake)
+        read_part(LocalObjectStore(tmp_path), fake)
 
 
 def test_missing_file_is_file_not_found(tmp_path: Path) -> None:
@@ -114,7 +116,7 @@ def test_missing_file_is_file_not_found(tmp_path: Path) -> None:
     part = _write(tmp_path)
     (tmp_path / part.path).unlink()
     with pytest.raises(FileNotFoundError):
-        read_part(tmp_path, part)
+        read_part(LocalObjectStore(tmp_path), part)
 
 
 def test_description_round_trip_and_totals_check() -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from lamina.errors import StateConflictError
+from lamina.objstore.base import ObjectStore
 from lamina.store import Relation, Store
 from lamina.trace import reference
 from lamina.trace.plan import plan_conversion, plan_merge
@@ -54,13 +55,16 @@ def _rounds(rel: Relation, oracle: Oracle, n: int, seed: int = 0) -> None:
 
 
 @pytest.fixture
-def rel_oracle(tmp_path: Path) -> Iterator[tuple[Store, Relation, Oracle]]:
-    """A relation whose trace is at a version > 0, with finished segments to convert."""
+def rel_oracle(tmp_path: Path, trace_url: str | None
+               ) -> Iterator[tuple[Store, Relation, Oracle]]:
+    """A relation whose trace is at a version > 0, with finished segments to convert; its
+    trace on a directory and on S3 (the compare-and-set is the storage's)."""
     oracle = Oracle()
-    with Store.open(tmp_path, segment_bytes=4096, fsync="never") as store:
+    with Store.open(tmp_path, segment_bytes=4096, fsync="never",
+                    trace_url=trace_url) as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
         _rounds(rel, oracle, 8)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         convert(trace, rel.wal_dir, merge=False)
         trace.delete_converted_segments(rel.wal_dir)
         _rounds(rel, oracle, 8, seed=8)
@@ -68,19 +72,19 @@ def rel_oracle(tmp_path: Path) -> Iterator[tuple[Store, Relation, Oracle]]:
         yield store, rel, oracle
 
 
-def _orphans(trace_dir: Path) -> set[str]:
-    return data_files(trace_dir) - named_files(trace_dir)
+def _orphans(trace: ObjectStore) -> set[str]:
+    return data_files(trace) - named_files(trace)
 
 
-def _junk(trace_dir: Path, paths: set[str]) -> None:
-    """Overwrite files with garbage: any read of them would fail its checksum."""
+def _junk(trace: ObjectStore, paths: set[str]) -> None:
+    """Overwrite objects with garbage: any read of them would fail its checksum."""
     for p in paths:
-        (trace_dir / p).write_bytes(b"not parquet" * 10)
+        trace.put(p, b"not parquet" * 10)
 
 
 def _assert_loser_never_read_and_collected(store: Store, rel: Relation, oracle: Oracle,
                                            winner: Trace, loser_files: set[str]) -> None:
-    trace_dir = winner.dir
+    trace_dir = winner.store
     assert loser_files
     assert loser_files <= _orphans(trace_dir)
     _junk(trace_dir, loser_files)
@@ -104,7 +108,7 @@ def test_racing_conversions_one_wins_each_version(
     nothing; the loser's batch and pending files are orphans, never read, collected
     after the grace period."""
     store, rel, oracle = rel_oracle
-    trace_dir = store.layout.trace_dir(NAME)
+    trace_dir = store.layout.trace_store(NAME)
     a, b = Trace.open(trace_dir, rel.meta), Trace.open(trace_dir, rel.meta)
     n = a.state.version
     assert b.state == a.state
@@ -118,7 +122,7 @@ def test_racing_conversions_one_wins_each_version(
     with pytest.raises(StateConflictError, match=f"version {n + 1}"):
         loser.commit_conversion(plans[lo], *written[lo])
     assert loser.state.version == n
-    assert StateStore(trace_dir, a.fs).versions()[-1] == n + 1
+    assert StateStore(trace_dir).versions()[-1] == n + 1
     assert check_trace(trace_dir, rel.meta) == winner.state
     winner.delete_converted_segments(rel.wal_dir)
     check_snapshots(rel, oracle)
@@ -139,7 +143,7 @@ def test_racing_merges_one_wins(rel_oracle: tuple[Store, Relation, Oracle]) -> N
     """Two writers plan the same merge from version N: one publishes N+1, the other
     conflicts; the loser's merged batch is never read and is collected after grace."""
     store, rel, oracle = rel_oracle
-    trace_dir = store.layout.trace_dir(NAME)
+    trace_dir = store.layout.trace_store(NAME)
     setup = Trace.open(trace_dir, rel.meta)
     convert(setup, rel.wal_dir, merge=False)
     setup.delete_converted_segments(rel.wal_dir)
@@ -161,7 +165,7 @@ def test_stale_writer_conflicts_even_after_versions_were_pruned(
     """A writer that planned at version N while the other published N+1, N+2, ... and
     pruned every older version still cannot publish: a newer version exists."""
     store, rel, oracle = rel_oracle
-    trace_dir = store.layout.trace_dir(NAME)
+    trace_dir = store.layout.trace_store(NAME)
     stale = Trace.open(trace_dir, rel.meta)
     plan = plan_conversion(stale.state, pending_spans(stale, rel.wal_dir))
     written = reference.run_conversion(stale, plan)
@@ -169,7 +173,7 @@ def test_stale_writer_conflicts_even_after_versions_were_pruned(
     convert(busy, rel.wal_dir)
     busy.delete_converted_segments(rel.wal_dir)
     busy.collect_garbage(keep_versions=1, grace_seconds=GRACE)
-    assert StateStore(trace_dir, busy.fs).versions() == [busy.state.version]
+    assert StateStore(trace_dir).versions() == [busy.state.version]
     assert busy.state.version > stale.state.version + 1
     with pytest.raises(StateConflictError):
         stale.commit_conversion(plan, *written)
@@ -206,15 +210,18 @@ class Compacter:
         self.proc.stdout.close()
 
 
-def test_two_compacter_processes_race_every_step(tmp_path: Path) -> None:
+def test_two_compacter_processes_race_every_step(tmp_path: Path, trace_url: str | None
+                                                 ) -> None:
     """Two processes race through conversions and merges: in every round both plan from
     the same version N and commit at once; exactly one publishes N+1 and the other
     conflicts. After all rounds the trace is sound, equals the oracle, and a collection
-    past the grace period removes every loser's orphan and nothing else."""
+    past the grace period removes every loser's orphan and nothing else. On a directory
+    and on S3 (the children find the trace URL the data directory records)."""
     oracle = Oracle()
-    with Store.open(tmp_path, segment_bytes=4096, fsync="never") as store:
+    with Store.open(tmp_path, segment_bytes=4096, fsync="never",
+                    trace_url=trace_url) as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
-        trace_dir = store.layout.trace_dir(NAME)
+        trace_dir = store.layout.trace_store(NAME)
         procs = [Compacter(tmp_path), Compacter(tmp_path)]
         winners: list[int] = []
         try:

@@ -35,6 +35,7 @@ from queue import Queue
 
 import pytest
 
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Store
 from lamina.trace import reference
@@ -66,11 +67,11 @@ WORKERS = 2
 pytestmark = pytest.mark.slow
 
 
-def _build(root: Path, step: str) -> StepBase:
+def _build(root: Path, step: str, trace_url: str | None = None) -> StepBase:
     oracle = Oracle()
-    with Store.open(root, segment_bytes=4096, fsync="never") as store:
+    with Store.open(root, segment_bytes=4096, fsync="never", trace_url=trace_url) as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         if step == "convert":
             # An existing trace with batches and pending parts, then two segments to convert.
             append_rounds(rel, oracle, 7, 0)
@@ -91,7 +92,7 @@ def _build(root: Path, step: str) -> StepBase:
             # batch of a writer that lost the CAS: all garbage.
             append_rounds(rel, oracle, 20, 0)
             convert(trace, rel.wal_dir)
-            loser = Trace.open(trace.dir, rel.meta)
+            loser = Trace.open(trace.store, rel.meta)
             append_rounds(rel, oracle, 7, 20)
             spans = pending_spans(trace, rel.wal_dir)
             reference.run_conversion(loser, plan_conversion(loser.state, spans))
@@ -173,7 +174,7 @@ def _check_after_crash(base: StepBase, work: Path, newest: int, what: str) -> No
             f"{what}: converted segments left"
         assert data_files(trace_dir) == state.files(), f"{what}: garbage left"
         assert not temp_files(trace_dir), f"{what}: temp files left"
-        assert StateStore(trace_dir, trace.fs).versions() == [state.version]
+        assert StateStore(LocalObjectStore(trace_dir, trace.fs)).versions() == [state.version]
 
 
 def _crash_and_check(base: StepBase, step: str, servers: Queue[ForkServer], scratch: Path, *,
@@ -207,8 +208,8 @@ def test_crash_between_any_two_file_operations(step: str, scratch: Path) -> None
     if step == "convert":
         assert {"write", "fdatasync", "rename", "link", "unlink", "fsync_dir"} <= kinds
     with Store.open(scratch / f"{step}-dry", fsync="never") as store:
-        done = StateStore(store.layout.trace_dir(NAME), Trace.open(
-            store.layout.trace_dir(NAME), store.relation(NAME).meta).fs).versions()
+        done = StateStore(LocalObjectStore(store.layout.trace_dir(NAME), Trace.open(
+            store.layout.trace_store(NAME), store.relation(NAME).meta).fs)).versions()
     newest = max(done, default=0)
     assert newest > base.version or step == "gc"
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from lamina.fs import FileSystem
 from lamina.store import Relation, Store
 from lamina.trace import reference
 from lamina.trace.invariants import check_data
@@ -45,13 +44,24 @@ def _rounds(rel: Relation, oracle: Oracle, n: int, seed: int = 0) -> None:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[tuple[Relation, Oracle, Trace]]:
+def setup(tmp_path: Path, trace_url: str | None) -> Iterator[tuple[Relation, Oracle, Trace]]:
     """A trace after several conversions and merges, never collected: many versions,
-    merged-away batches and consumed pending parts on disk."""
+    merged-away batches and consumed pending parts in storage; on a directory and on S3."""
+    yield from _setup(tmp_path, trace_url)
+
+
+@pytest.fixture
+def local_setup(tmp_path: Path) -> Iterator[tuple[Relation, Oracle, Trace]]:
+    """``setup`` on a directory, for tests of files (temp files, mtimes, directories)."""
+    yield from _setup(tmp_path, None)
+
+
+def _setup(tmp_path: Path, trace_url: str | None) -> Iterator[tuple[Relation, Oracle, Trace]]:
     oracle = Oracle()
-    with Store.open(tmp_path, segment_bytes=4096, fsync="never") as store:
+    with Store.open(tmp_path, segment_bytes=4096, fsync="never",
+                    trace_url=trace_url) as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         _rounds(rel, oracle, 40)
         convert(trace, rel.wal_dir)
         trace.delete_converted_segments(rel.wal_dir)
@@ -69,36 +79,36 @@ def _orphan_batch(rel: Relation, trace: Trace, oracle: Oracle) -> set[str]:
 
 
 def test_unnamed_files_go_only_after_the_grace_period(
-        setup: tuple[Relation, Oracle, Trace]) -> None:
+        local_setup: tuple[Relation, Oracle, Trace]) -> None:
     """Young garbage stays (its writer may still be running); old garbage goes; what the
     current state names stays; the report counts what went."""
-    rel, oracle, trace = setup
+    rel, oracle, trace = local_setup
     orphans = _orphan_batch(rel, trace, oracle)
-    stray_tmp = trace.dir / "state" / ".00000000000000000099.json.abc.tmp"
+    stray_tmp = trace.store.root / "state" / ".00000000000000000099.json.abc.tmp"
     stray_tmp.write_bytes(b"{}")
-    before = data_files(trace.dir)
+    before = data_files(trace.store.root)
 
     report = trace.collect_garbage(keep_versions=100, grace_seconds=GRACE)
     assert report.files_deleted == 0
-    assert data_files(trace.dir) == before
+    assert data_files(trace.store.root) == before
     assert stray_tmp.exists()
 
     # Age one orphan past the grace period: only that one goes.
     aged = sorted(orphans)[0]
     old = time.time() - GRACE - 10
-    os.utime(trace.dir / aged, (old, old))
+    os.utime(trace.store.root / aged, (old, old))
     report = trace.collect_garbage(keep_versions=100, grace_seconds=GRACE)
     assert report.files_deleted == 1
-    assert data_files(trace.dir) == before - {aged}
+    assert data_files(trace.store.root) == before - {aged}
 
     report = trace.collect_garbage(keep_versions=1, grace_seconds=GRACE,
                                    now=time.time() + GRACE + 1)
     assert report.versions_deleted > 0
     assert report.files_deleted > len(orphans)  # also files only pruned versions named
     assert report.bytes_deleted > 0
-    assert data_files(trace.dir) == trace.state.files()
+    assert data_files(trace.store.root) == trace.state.files()
     assert not stray_tmp.exists()
-    assert not temp_files(trace.dir)
+    assert not temp_files(trace.store.root)
     check_snapshots(rel, oracle)
 
 
@@ -109,7 +119,7 @@ def test_kept_versions_stay_readable(setup: tuple[Relation, Oracle, Trace],
     versions and every file they name (each kept version still passes check_data, so a
     reader that loaded it can finish), and deletes every other data file."""
     rel, oracle, trace = setup
-    states = StateStore(trace.dir, FileSystem())
+    states = StateStore(trace.store)
     all_versions = states.versions()
     assert len(all_versions) > keep
     trace.collect_garbage(keep_versions=keep, grace_seconds=GRACE,
@@ -117,22 +127,24 @@ def test_kept_versions_stay_readable(setup: tuple[Relation, Oracle, Trace],
     kept = states.versions()
     assert kept == all_versions[-keep:]
     for v in kept:
-        check_data(trace.dir, states.load(v), rel.meta)
-    assert data_files(trace.dir) == named_files(trace.dir)
+        check_data(trace.store, states.load(v), rel.meta)
+    assert data_files(trace.store) == named_files(trace.store)
     check_snapshots(rel, oracle)
 
 
 def test_keep_versions_below_one_keeps_one(setup: tuple[Relation, Oracle, Trace]) -> None:
     rel, oracle, trace = setup
     trace.collect_garbage(keep_versions=0, grace_seconds=0.0, now=time.time() + 60)
-    assert StateStore(trace.dir, FileSystem()).versions() == [trace.state.version]
+    assert StateStore(trace.store).versions() == [trace.state.version]
+    assert data_files(trace.store) == trace.state.files()
     check_snapshots(rel, oracle)
 
 
-def test_empty_batch_directories_are_removed(setup: tuple[Relation, Oracle, Trace]) -> None:
-    rel, oracle, trace = setup
+def test_empty_batch_directories_are_removed(
+        local_setup: tuple[Relation, Oracle, Trace]) -> None:
+    rel, oracle, trace = local_setup
     trace.collect_garbage(keep_versions=1, grace_seconds=0.0, now=time.time() + 60)
-    batch_dirs = {p.name for p in (trace.dir / "batches").iterdir()}
+    batch_dirs = {p.name for p in (trace.store.root / "batches").iterdir()}
     assert batch_dirs == {b.id for b in trace.state.batches if b.parts}
     check_snapshots(rel, oracle)
 
@@ -140,7 +152,7 @@ def test_empty_batch_directories_are_removed(setup: tuple[Relation, Oracle, Trac
 def test_gc_on_a_fresh_trace_does_nothing(tmp_path: Path) -> None:
     with Store.open(tmp_path, fsync="never") as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         report = trace.collect_garbage(grace_seconds=0.0)
         assert (report.versions_deleted, report.files_deleted) == (0, 0)
 
@@ -152,7 +164,7 @@ def test_only_converted_segments_are_deleted(tmp_path: Path) -> None:
     with Store.open(tmp_path, segment_bytes=4096, fsync="never") as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
         _rounds(rel, oracle, 30)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         finished = [s.seq for s in list_segments(rel.wal_dir) if s.finished]
         assert len(finished) >= 3
         assert trace.delete_converted_segments(rel.wal_dir) == 0
@@ -203,7 +215,7 @@ def test_last_frontier_record_is_kept(tmp_path: Path, opening: str) -> None:
 
     with Store.open(tmp_path, segment_bytes=4096, fsync="never") as store:
         rel = store.relation(NAME)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         assert convert(trace, rel.wal_dir) == 1
         assert trace.delete_converted_segments(rel.wal_dir) == 0
         assert [s.seq for s in list_segments(rel.wal_dir) if s.finished] == \

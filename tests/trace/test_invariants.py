@@ -11,6 +11,7 @@ import pytest
 
 from lamina.errors import CorruptionError
 from lamina.fs import FileSystem
+from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, PartFile, write_part
 from lamina.trace.invariants import check_data, check_rows, check_state
@@ -114,9 +115,10 @@ def _trace_with(tmp_path: Path, batch_rows: list[tuple[int, str, int, int]],
                 pending_rows: list[tuple[int, str, int, int]]) -> TraceState:
     schema = META.update_schema
     fs = FileSystem()
-    bpart = write_part(fs, tmp_path, "batches/b0/part-00000.parquet", schema,
+    bpart = write_part(LocalObjectStore(tmp_path, fs), "batches/b0/part-00000.parquet", schema,
                        [table_of(batch_rows)])
-    ppart_ = write_part(fs, tmp_path, "pending/p0.parquet", schema, [table_of(pending_rows)])
+    ppart_ = write_part(LocalObjectStore(tmp_path, fs), "pending/p0.parquet", schema,
+                        [table_of(pending_rows)])
     return TraceState(version=1, relation="r", relation_id="x", upper=10, since=2,
                       batches=(BatchDesc("b0", 0, 10, 2, 0, (bpart,)),),
                       pending=(PendingPart(10, 12, ppart_),))
@@ -126,20 +128,20 @@ def test_check_data_reads_every_file(tmp_path: Path) -> None:
     """Sound files pass; a batch with a bad time, a pending part outside its range and a
     damaged file are each caught, naming the file."""
     good = _trace_with(tmp_path / "good", [(1, "a", 2, 1), (1, "a", 9, 1)], [(1, "a", 11, 1)])
-    check_data(tmp_path / "good", good, META)
+    check_data(LocalObjectStore(tmp_path / "good"), good, META)
 
     bad_batch = _trace_with(tmp_path / "b", [(1, "a", 10, 1)], [(1, "a", 11, 1)])
     with pytest.raises(CorruptionError, match="batch b0"):
-        check_data(tmp_path / "b", bad_batch, META)
+        check_data(LocalObjectStore(tmp_path / "b"), bad_batch, META)
 
     bad_pending = _trace_with(tmp_path / "p", [(1, "a", 2, 1)], [(1, "a", 12, 1)])
     with pytest.raises(CorruptionError, match="pending part"):
-        check_data(tmp_path / "p", bad_pending, META)
+        check_data(LocalObjectStore(tmp_path / "p"), bad_pending, META)
 
     path = tmp_path / "good" / good.batches[0].parts[0].path
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     path.write_bytes(bytes(raw))
     with pytest.raises(CorruptionError, match="checksum") as info:
-        check_data(tmp_path / "good", good, META)
+        check_data(LocalObjectStore(tmp_path / "good"), good, META)
     assert info.value.path == path

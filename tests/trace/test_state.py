@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lamina.errors import CorruptionError, StateConflictError
-from lamina.fs import FileSystem, crc32c
+from lamina.fs import crc32c
+from lamina.objstore.local import LocalObjectStore
 from lamina.store import Store
 from lamina.trace.batch import BatchDesc, PartFile
 from lamina.trace.state import (
@@ -46,7 +47,7 @@ STATE = TraceState(
 
 def test_round_trip() -> None:
     data = encode_state(STATE)
-    assert decode_state(data, Path(state_file_name(7))) == STATE
+    assert decode_state(data, state_file_name(7)) == STATE
     assert STATE.files() == {"batches/b1/part-00000.parquet", "pending/p1.parquet"}
     assert (STATE.rows, STATE.bytes) == (4, 1200)
     assert STATE.batches_by_level() == {0: 1, 1: 1}
@@ -76,7 +77,7 @@ def _tampered(change: str) -> bytes:
 def test_damage_is_corruption(data: bytes, error: str) -> None:
     path = Path("/t/state") / state_file_name(7)
     with pytest.raises(CorruptionError, match=error) as info:
-        decode_state(data, path)
+        decode_state(data, str(path))
     assert info.value.path == path
 
 
@@ -87,9 +88,9 @@ def test_format_version_and_file_name_are_checked() -> None:
     doc["state"]["format_version"] = 2
     doc["checksum"] = crc32c(_canonical(doc["state"]))
     with pytest.raises(CorruptionError, match="format version 2"):
-        decode_state(json.dumps(doc).encode(), Path(state_file_name(7)))
+        decode_state(json.dumps(doc).encode(), state_file_name(7))
     with pytest.raises(CorruptionError, match="says version 7"):
-        decode_state(encode_state(STATE), Path(state_file_name(8)))
+        decode_state(encode_state(STATE), state_file_name(8))
 
 
 def test_corrupt_newest_version_is_refused_not_skipped(tmp_path: Path) -> None:
@@ -101,22 +102,22 @@ def test_corrupt_newest_version_is_refused_not_skipped(tmp_path: Path) -> None:
         for i in range(14):
             oracle.append(rel, [(i, "a", oracle.upper, 1)])
             oracle.seal(rel, oracle.upper + 1)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta)
+        trace = Trace.open(store.layout.trace_store(NAME), rel.meta)
         assert convert(trace, rel.wal_dir, merge=False) >= 2
-        states = StateStore(trace.dir, FileSystem())
-        newest = states.dir / state_file_name(states.versions()[-1])
+        states = StateStore(trace.store)
+        newest = states.store.root / "state" / state_file_name(states.versions()[-1])
         raw = bytearray(newest.read_bytes())
         raw[raw.index(b'"upper"') + 9] ^= 0x01  # a digit of the upper changes
         newest.write_bytes(bytes(raw))
         with pytest.raises(CorruptionError, match="checksum mismatch") as info:
-            Trace.open(trace.dir, rel.meta)
+            Trace.open(trace.store, rel.meta)
         assert info.value.path == newest
         with pytest.raises(CorruptionError):
             rel.snapshot(0)
 
 
 def test_publish_is_compare_and_set(tmp_path: Path) -> None:
-    states = StateStore(tmp_path, FileSystem())
+    states = StateStore(LocalObjectStore(tmp_path))
     assert states.load_latest() is None
     first = TraceState.empty("r", "x").next()
     states.publish(first)
@@ -134,7 +135,7 @@ def test_publish_is_compare_and_set(tmp_path: Path) -> None:
     latest = states.load_latest()
     assert latest is not None
     assert latest.version == 3
-    assert not list(states.dir.glob("*.tmp"))
+    assert not list((states.store.root / "state").glob("*.tmp"))
 
 
 def test_state_stays_small_after_many_conversions_and_merges(tmp_path: Path) -> None:
@@ -144,7 +145,7 @@ def test_state_stays_small_after_many_conversions_and_merges(tmp_path: Path) -> 
     fs = NoSyncFileSystem()
     with Store.open(tmp_path, segment_bytes=4096, fsync="never", fs=fs) as store:
         rel = store.create_relation(NAME, SCHEMA, key=KEY)
-        trace = Trace.open(store.layout.trace_dir(NAME), rel.meta, fs=fs)
+        trace = Trace.open(store.layout.trace_store(NAME, fs), rel.meta, fs=fs)
         conversions = 0
         sizes = []
         while conversions < 64:
@@ -159,5 +160,5 @@ def test_state_stays_small_after_many_conversions_and_merges(tmp_path: Path) -> 
             sizes.append(len(encode_state(trace.state)))
             assert len(trace.state.batches) <= math.log2(conversions) + 1
         assert max(sizes) < 16 * 1024
-        assert len(StateStore(trace.dir, FileSystem()).versions()) == 2
+        assert len(StateStore(trace.store).versions()) == 2
         check_snapshots(rel, oracle)

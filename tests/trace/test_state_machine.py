@@ -79,7 +79,7 @@ class TraceMachine(RuleBasedStateMachine):
         self.checked: set[str] = set()  # batch ids and pending paths whose data was checked
 
     def _open_trace(self) -> Trace:
-        return Trace.open(self.store.layout.trace_dir(NAME), self.rel.meta, fs=self.fs)
+        return Trace.open(self.store.layout.trace_store(NAME, self.fs), self.rel.meta, fs=self.fs)
 
     def teardown(self) -> None:
         # Coverage, shown by --hypothesis-show-statistics.
@@ -218,7 +218,7 @@ class TraceMachine(RuleBasedStateMachine):
     def trace_is_sound(self) -> None:
         self.steps += 1
         state = self.trace.state
-        on_disk = StateStore(self.trace.dir, self.trace.fs).load_latest()
+        on_disk = StateStore(self.trace.store).load_latest()
         if on_disk is not None:
             assert on_disk == state
         else:
@@ -229,7 +229,7 @@ class TraceMachine(RuleBasedStateMachine):
                                              if b.id not in self.checked),
                         pending=tuple(p for p in state.pending
                                       if p.part.path not in self.checked))
-        check_data(self.trace.dir, fresh, self.rel.meta)
+        check_data(self.trace.store, fresh, self.rel.meta)
         self.checked.update(b.id for b in fresh.batches)
         self.checked.update(p.part.path for p in fresh.pending)
         assert len(state.pending) <= pending.MAX_PARTS + 65

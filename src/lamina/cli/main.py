@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--coordinators", type=int, default=2,
                        help="coordinator workloads killed in parallel, one relation each "
                        "(default 2)")
+    drill.add_argument("--trace-url", default=None,
+                       help="keep the drill's traces here (s3://bucket/prefix; credentials "
+                       "and endpoint from the AWS environment) instead of under the data "
+                       "directory")
     drill.add_argument("--ingest", choices=["files"], default=None,
                        help="drill `lamina ingest` instead: a files source fed by a writer, "
                        "killed at random and at the ingest.* fail points, the daemon running")

@@ -35,7 +35,7 @@ import contextlib
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiofiles
 import structlog
@@ -52,6 +52,10 @@ from lamina.lock import DirLock
 from lamina.schema import RelationMeta
 from lamina.status import relation_status
 
+if TYPE_CHECKING:
+    from lamina.objstore.base import ObjectStore
+    from lamina.objstore.s3 import S3Settings
+
 log = structlog.get_logger(__name__)
 
 
@@ -61,7 +65,7 @@ class Daemon:
     def __init__(self, settings: Settings, *, metrics: Metrics | None = None,
                  fs: FileSystem | None = None, executor: Executor | None = None) -> None:
         self.settings = settings
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout(settings.data_dir, s3=settings.s3.to_settings())
         self.metrics = metrics or Metrics()
         self.fs = fs or FileSystem()
         self.executor = executor
@@ -72,6 +76,8 @@ class Daemon:
         """Set by a second stop signal: cancel every job now, do not wait for them."""
         self.recovered = False
         self._spark: Any = None
+        self.trace_root: ObjectStore | None = None
+        """The root of every relation's trace, once :meth:`_open_trace_root` checked it."""
 
     # --- readiness and status (served over HTTP) -----------------------------------------
     def readiness(self) -> tuple[bool, str]:
@@ -96,7 +102,6 @@ class Daemon:
 
         started = time.monotonic()
         self.fs.makedirs(self.layout.wal)
-        self.fs.makedirs(self.layout.trace)
         lock = DirLock(self.layout.compacter_lock, f"data directory {self.settings.data_dir}")
         notifier = Notifier()
         loop = asyncio.get_running_loop()
@@ -109,13 +114,17 @@ class Daemon:
                  http=self.settings.http)
         watchdog = asyncio.create_task(watchdog_loop(notifier, watchdog_interval()))
         try:
+            await asyncio.to_thread(self._open_trace_root)
             if self.executor is None and self.settings.executor == "inprocess":
                 self.executor = InProcessExecutor(self.settings.max_concurrent_jobs)
             elif self.executor is None:
                 self._spark = await asyncio.to_thread(self._build_spark)
                 if self.stop.is_set():
                     return 0
-                self.executor = SparkExecutor(self._spark, self.settings.max_concurrent_jobs)
+                stage = self.settings.stages_segments(self.layout.trace_url())
+                self.executor = SparkExecutor(self._spark, self.settings.max_concurrent_jobs,
+                                              stage_segments=stage)
+                log.info("daemon.executor", executor="spark", stage_segments=stage)
             await self._discover()
             await asyncio.gather(*(p.recover() for p in self.pipelines.values()
                                    if p.trace is None))
@@ -149,10 +158,28 @@ class Daemon:
             lock.close()
             log.info("daemon.stopped", duration_seconds=round(time.monotonic() - started, 3))
 
+    def _open_trace_root(self) -> None:
+        """Record the configured trace URL (once per data directory), and refuse an object
+        store whose conditional puts cannot serve as the state's compare-and-set."""
+        from lamina.objstore.base import open_store
+        from lamina.objstore.probe import check_conditional_put
+
+        if self.settings.trace_url is not None:
+            self.layout.record_trace_url(self.settings.trace_url, self.fs)
+        url = self.layout.trace_url()
+        root = open_store(url, self.layout.s3, fs=self.fs)
+        if url.startswith("file:"):
+            self.fs.makedirs(self.layout.trace)
+        else:
+            check_conditional_put(root)
+        self.trace_root = root
+        log.info("daemon.trace", url=url)
+
     def _build_spark(self) -> Any:
         from lamina.compacter.spark import build_session
 
         conf = {"spark.driver.memory": self.settings.spark_driver_memory,
+                **_credentials_env(self.settings.s3.to_settings()),
                 **self.settings.spark_conf}
         return build_session(self.settings.spark_master, app_name="lamina-compacter", conf=conf)
 
@@ -237,11 +264,19 @@ class Daemon:
             for d in self.layout.dropped.iterdir():
                 if self._remove(d):
                     log.info("relation.wal_removed", path=str(d))
-        if self.layout.trace.exists():
-            for d in self.layout.trace.iterdir():
-                if (d.is_dir() and d.name not in live
-                        and not self.layout.wal_dir(d.name).exists() and self._remove(d)):
-                    log.info("relation.trace_removed", relation=d.name)
+        root = self.trace_root
+        if root is None:
+            return
+        for name in root.children():
+            if (name not in live and not name.startswith("_")
+                    and not self.layout.wal_dir(name).exists()):
+                try:
+                    root.delete_prefix(name)
+                except OSError as exc:  # a cancelled job still writing, a store error
+                    log.warning("relation.remove_failed", path=root.location(name),
+                                error=str(exc))
+                    continue
+                log.info("relation.trace_removed", relation=name)
 
     def _remove(self, path: Path) -> bool:
         try:
@@ -275,3 +310,12 @@ class Daemon:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _credentials_env(s3: S3Settings) -> dict[str, str]:
+    """Explicit S3 credentials as Spark executor environment variables: a pickled store
+    carries none (lamina.objstore.s3), so tasks read them from their environment."""
+    names = {"AWS_ACCESS_KEY_ID": s3.access_key_id,
+             "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
+             "AWS_SESSION_TOKEN": s3.session_token}
+    return {f"spark.executorEnv.{k}": v for k, v in names.items() if v}

@@ -33,7 +33,7 @@ from lamina.trace.plan import ConversionPlan, MergePlan
 from lamina.trace.trace import Trace
 
 if TYPE_CHECKING:
-    from lamina.compacter.jobs import ConversionResult
+    from lamina.compacter.step.driver import ConversionResult
 
 T = TypeVar("T")
 
@@ -58,10 +58,14 @@ class Executor(Protocol):
 
 
 class SparkExecutor:
-    """Spark-backed executor: lamina.compacter.jobs under per-relation job tags."""
+    """Spark-backed executor: lamina.compacter.step under per-relation job tags.
+    ``stage_segments``: conversions copy their WAL segments into the trace store first, for
+    executors that cannot read the daemon's disk (lamina.trace.staging)."""
 
-    def __init__(self, spark: Any, max_concurrent: int) -> None:
+    def __init__(self, spark: Any, max_concurrent: int, *, stage_segments: bool = False
+                 ) -> None:
         self.spark = spark
+        self.stage_segments = stage_segments
         self._sem = asyncio.Semaphore(max_concurrent)
         self._tags: dict[str, set[str]] = {}
         self._mu = threading.Lock()
@@ -95,13 +99,14 @@ class SparkExecutor:
 
     async def convert(self, relation: str, trace: Trace,
                       plan: ConversionPlan) -> ConversionResult:
-        from lamina.compacter.jobs import spark_convert
+        from lamina.compacter.step.driver import spark_convert
 
         return await self._run(relation, "conversion",
-                               lambda: spark_convert(self.spark, trace, plan))
+                               lambda: spark_convert(self.spark, trace, plan,
+                                                     stage_segments=self.stage_segments))
 
     async def merge(self, relation: str, trace: Trace, plan: MergePlan) -> list[PartFile]:
-        from lamina.compacter.jobs import spark_merge
+        from lamina.compacter.step.driver import spark_merge
 
         return await self._run(relation, "merge", lambda: spark_merge(self.spark, trace, plan))
 

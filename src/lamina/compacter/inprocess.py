@@ -8,7 +8,7 @@ what the reference does), so a large backlog wants the Spark executor; ``max_byt
 bounds the WAL bytes of one conversion either way, but a merge reads both parents whole.
 
 Each job runs in a daemon thread of its own. Errors are those of the Spark executor,
-through the same record (:func:`lamina.compacter.jobs.task_error`): CorruptionError as
+through the same record (:func:`lamina.compacter.step.failures.task_error`): CorruptionError as
 itself, every other failure as JobError (retried by the
 pipeline). A cancel (:meth:`InProcessExecutor.cancel_relation`, :meth:`cancel_all`, or the
 awaiting task being cancelled) returns at once with JobCancelledError: Python threads
@@ -28,7 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from lamina.compacter.jobs import ConversionResult, task_error
+from lamina.compacter.step.driver import ConversionResult
+from lamina.compacter.step.failures import task_error
 from lamina.errors import JobCancelledError, JobError, LaminaError
 from lamina.trace import reference
 from lamina.trace.batch import PartFile

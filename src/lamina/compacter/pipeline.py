@@ -96,7 +96,7 @@ class RelationPipeline:
         started = time.monotonic()
         try:
             self.trace = await asyncio.to_thread(
-                Trace.open, self.layout.trace_dir(self.name), self.meta, self.fs)
+                Trace.open, self.layout.trace_store(self.name, self.fs), self.meta, self.fs)
             deleted = await asyncio.to_thread(self.trace.delete_converted_segments,
                                               self.wal_dir)
         except CorruptionError as exc:
@@ -138,7 +138,7 @@ class RelationPipeline:
         """After a failed pass, start again from the state on disk, not the one in memory."""
         try:
             self.trace = await asyncio.to_thread(
-                Trace.open, self.layout.trace_dir(self.name), self.meta, self.fs)
+                Trace.open, self.layout.trace_store(self.name, self.fs), self.meta, self.fs)
         except CorruptionError as exc:
             await self._quarantine(exc)
         except Exception:  # retried on the next pass

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from lamina.service.settings import ENV_PREFIX, ServiceSettings, load_toml_settings
+from lamina.service.settings import ENV_PREFIX, S3Section, ServiceSettings, load_toml_settings
 
 __all__ = ["ENV_PREFIX", "Settings", "jvm_size_mib", "load_settings"]
 MIN_DRIVER_MEMORY_MIB = 450
@@ -44,6 +44,15 @@ class Settings(ServiceSettings):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     data_dir: Path = Path("lamina-data")
+    trace_url: str | None = Field(
+        None, description="where the traces live: file:///abs/dir or s3://bucket/prefix; "
+        "recorded in the data directory at the first start (default <data_dir>/trace), "
+        "and a data directory refuses a different one later")
+    s3: S3Section = Field(default_factory=lambda: S3Section.model_validate({}))
+    stage_segments: Literal["auto", "always", "never"] = Field(
+        "auto", description="copy WAL segments into the trace store for conversions, so "
+        "executors need no access to the daemon's disk (auto: when the Spark master is not "
+        "local and the trace is not file://)")
     executor: Literal["spark", "inprocess"] = Field(
         "spark", description="what runs the jobs: Spark, or the pyarrow reference in the "
         "daemon's process (lamina.compacter.inprocess; no JVM, for small relations)")
@@ -65,6 +74,12 @@ class Settings(ServiceSettings):
                                      "/readyz fails")
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def stages_segments(self, trace_url: str) -> bool:
+        """Whether conversions stage their segments (``stage_segments``) for this trace."""
+        if self.stage_segments != "auto":
+            return self.stage_segments == "always"
+        return not self.spark_master.startswith("local") and not trace_url.startswith("file:")
 
     @field_validator("spark_driver_memory")
     @classmethod

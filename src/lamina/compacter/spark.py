@@ -6,7 +6,7 @@ Session (:func:`build_session`)
 
     - no web UI and no console progress bar; the JVM's log level is ``ERROR``;
     - ``spark.sql.shuffle.partitions`` of twice the local cores: lamina's shuffles are
-      sized by the jobs themselves (:mod:`lamina.compacter.jobs`), this only bounds
+      sized by the jobs themselves (:mod:`lamina.compacter.step`), this only bounds
       incidental ones;
     - Arrow batches of 64 Ki rows between the JVM and the Python workers, plain (not
       "large") Arrow string/binary types and the session time zone UTC, so that the

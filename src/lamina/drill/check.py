@@ -114,7 +114,9 @@ def check_live(data_dir: Path, oracle: Oracle, ack: Path, rng: random.Random, *,
 def check(data_dir: Path, oracle: Oracle, stats: CheckStats | None = None, *,
           relation: str = RELATION) -> list[str]:
     """The final checks (the module docstring); every process must be stopped."""
+    from lamina.fs import TMP_SUFFIX
     from lamina.layout import Layout, TraceLayout
+    from lamina.objstore.local import LocalObjectStore
     from lamina.trace.trace import Trace
     from lamina.verify import verify_relation
 
@@ -142,19 +144,16 @@ def check(data_dir: Path, oracle: Oracle, stats: CheckStats | None = None, *,
     r = verify_relation(layout, relation)
     problems.extend(f"verify: {r.name}: {p}" for p in r.problems)
     stats.notes.extend(f"verify: {r.name}: {n}" for n in r.notes)
-    trace_dir = layout.trace_dir(relation)
-    trace = Trace.open(trace_dir, meta)
+    traces = layout.trace_store(relation)
+    trace = Trace.open(traces, meta)
     trace.collect_garbage(keep_versions=1, grace_seconds=0)
     named = trace.state.files()
-    for path in sorted(trace_dir.rglob("*")):
-        rel_path = path.relative_to(trace_dir).as_posix()
-        in_data = rel_path.split("/")[0] in TraceLayout.DATA_DIRS
-        if path.is_file() and in_data and rel_path not in named:
-            problems.append(f"orphan file after garbage collection: trace/{relation}/"
-                            f"{rel_path}")
-        if path.name.endswith(".tmp"):
-            problems.append(f"temp file left after garbage collection: trace/{relation}/"
-                            f"{rel_path}")
+    for obj in traces.list(""):
+        if obj.key.split("/")[0] in TraceLayout.DATA_DIRS and obj.key not in named:
+            problems.append(f"orphan file after garbage collection: {traces.location(obj.key)}")
+    if isinstance(traces, LocalObjectStore):  # temp files are not objects: look at the files
+        problems.extend(f"temp file left after garbage collection: {path}"
+                        for path in sorted(traces.root.rglob(f"*{TMP_SUFFIX}")))
     for path in sorted(layout.wal.glob(f".create-{relation}-*")):
         stats.notes.append(f"staging directory of an interrupted create_relation left: "
                            f"{path.name}")

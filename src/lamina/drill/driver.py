@@ -53,6 +53,7 @@ from lamina.drill.check import CheckStats, check, check_live
 from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
 from lamina.drill.workload import RELATION
+from lamina.store import Store
 
 #: coordinator fail points: phase, and the range of N for ``kill@N``
 COORDINATOR_POINTS: dict[str, tuple[str, int, int]] = {
@@ -104,6 +105,7 @@ class DrillReport:
     daemon_share: float
     max_seconds: float | None
     coordinators: int = 1
+    trace_url: str | None = None
     kills: Counter[str] = field(default_factory=Counter)
     random_kill_context: Counter[str] = field(default_factory=Counter)
     points_missed: Counter[str] = field(default_factory=Counter)
@@ -147,6 +149,7 @@ class DrillReport:
             "ok": not self.violations,
             "seed": self.seed,
             "data_dir": self.data_dir,
+            "trace_url": self.trace_url,
             "seconds": self.seconds,
             "kills_requested": self.kills_requested,
             "daemon_share": self.daemon_share,
@@ -198,8 +201,10 @@ class Drill:
     def __init__(self, data_dir: Path, work_dir: Path, *, kills: int, seed: int,
                  daemon_share: float = 0.1, max_seconds: float | None = None,
                  coordinators: int = 2, master: str = "local[2]",
-                 progress: Callable[[DrillReport], None] | None = None) -> None:
+                 progress: Callable[[DrillReport], None] | None = None,
+                 trace_url: str | None = None) -> None:
         self.data_dir = data_dir
+        self.trace_url = trace_url
         self.work = work_dir
         self.daemon_log = work_dir / "daemon.log"
         self.daemon_quota = min(kills, round(kills * daemon_share))
@@ -208,7 +213,7 @@ class Drill:
         self.progress = progress
         self.report = DrillReport(seed=seed, data_dir=str(data_dir), kills_requested=kills,
                                   daemon_share=daemon_share, max_seconds=max_seconds,
-                                  coordinators=coordinators)
+                                  coordinators=coordinators, trace_url=trace_url)
         self.coordinators = [
             _Coordinator(i, RELATION if i == 0 else f"{RELATION}-{i}",
                          work_dir / f"ack-{i}.jsonl", work_dir / f"coordinator-{i}.log",
@@ -519,6 +524,8 @@ class Drill:
 
     # --- run and check --------------------------------------------------------------------
     def run(self) -> DrillReport:
+        # every process (coordinators, daemons, checks) finds the traces where this records
+        Store.open(self.data_dir, fsync="never", trace_url=self.trace_url).close()
         threads = [threading.Thread(target=self._coordinator_loop, args=(c,),
                                     name=f"drill-coordinator-{c.index}")
                    for c in self.coordinators]
@@ -704,7 +711,8 @@ def run_drill_cli(args: argparse.Namespace) -> int:
                        f"(lives {r.daemon_lives})")
 
         drill = Drill(data_dir, work, kills=kills, seed=seed, daemon_share=share,
-                      max_seconds=max_seconds, coordinators=coordinators, progress=progress)
+                      max_seconds=max_seconds, coordinators=coordinators, progress=progress,
+                      trace_url=getattr(args, "trace_url", None))
         report = drill.run()
     _print_summary(Console(), Table, report)
     doc = report.to_json()

@@ -32,6 +32,26 @@ What every method guarantees, on every implementation:
 - ``delete(key)``: idempotent (deleting a missing key is not an error).
   ``delete_prefix(prefix)``: deletes what ``list(prefix)`` returns.
 
+Built on those, for the trace's data files (one implementation here; the local store
+overrides them to keep a file's own strengths):
+
+- ``child(prefix)``: the store rooted at ``prefix`` (one relation's trace);
+  ``children(prefix)``: the names one level below ``prefix`` that hold objects (the
+  relations of a trace root), without listing every object where the store can.
+- ``size(key)``: the object's size (a HEAD; local: stat).
+- ``open_input(key, size=None)``: a seekable :class:`pyarrow.NativeFile` for Parquet and
+  Arrow readers, reading by ranged gets through a buffer (local: the open file, which
+  keeps its bytes readable after garbage collection unlinks it).
+- ``writer(key, durable=True)``: a file-like writer with a running CRC32C whose object
+  appears, whole, when the block exits cleanly and not at all otherwise (here: buffered,
+  then one ``put``; local: a temp file renamed into place, streaming, synced unless
+  ``durable`` is False: scratch that lives for one step only).
+- ``sync(prefix)``: make objects listed under ``prefix`` durable (a no-op where a returned
+  put is durable; local: fsync of the directory, for a writer that died before it did).
+- ``sweep(prefix, older_than)``: remove what failed writes left under ``prefix`` before
+  ``older_than`` (local: temp files and empty directories; S3 leaves incomplete multipart
+  uploads to the bucket's lifecycle rule, docs/object-store.md).
+
 Nothing relies on rename, on directories, or on listing being consistent with a put that
 has not returned. Errors are lamina's: third-party and OS exceptions are translated at the
 implementation's boundary into :class:`~lamina.errors.StorageError` (I/O),
@@ -45,10 +65,16 @@ Keys: non-empty '/'-separated segments, none empty, ``.`` or ``..``, none starti
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import io
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
+
+import pyarrow as pa
 
 from lamina.errors import (
     ConfigError,
@@ -56,6 +82,7 @@ from lamina.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
 )
+from lamina.fs import crc32c
 
 if TYPE_CHECKING:
     from lamina.fs import FileSystem
@@ -96,6 +123,77 @@ def check_prefix(prefix: str) -> str:
     return stripped
 
 
+class ObjectWriter(Protocol):
+    """What :meth:`ObjectStore.writer` yields: a write-only file for pyarrow's writers, with
+    the CRC32C and size of what was written so far."""
+
+    crc32c: int
+
+    def write(self, data: bytes | memoryview) -> int: ...
+
+    def tell(self) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class _BufferedWriter(io.RawIOBase):
+    """An :class:`ObjectWriter` that keeps the bytes in memory for one ``put``."""
+
+    def __init__(self) -> None:
+        self._buf = io.BytesIO()
+        self.crc32c = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.crc32c = crc32c(view, self.crc32c)
+        return self._buf.write(view)
+
+    def tell(self) -> int:
+        return self._buf.tell()
+
+    def writable(self) -> bool:
+        return True
+
+    def getvalue(self) -> bytes:
+        return self._buf.getvalue()
+
+
+_READ_BUFFER = 1 << 20
+"""Bytes fetched per ranged get by :meth:`ObjectStore.open_input` (Parquet footers and
+column chunks are read in few, larger requests)."""
+
+
+class _RangedReader(io.RawIOBase):
+    """A seekable raw file over an object's ranged gets; ``size`` is known up front."""
+
+    def __init__(self, store: ObjectStore, key: str, size: int) -> None:
+        self._store, self._key, self._size, self._pos = store, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._pos + len(view), self._size)
+        if end <= self._pos:
+            return 0
+        data = self._store.get_range(self._key, self._pos, end)
+        view[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
 class ObjectStore(ABC):
     """A flat namespace of immutable objects (see the module docstring for the contract).
 
@@ -129,6 +227,49 @@ class ObjectStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Delete the object under ``key``, if there is one."""
+
+    @abstractmethod
+    def child(self, prefix: str) -> ObjectStore:
+        """The store rooted at ``prefix`` under this one (same settings and fault seam)."""
+
+    def children(self, prefix: str = "") -> builtins.list[str]:
+        """Sorted names one level below ``prefix`` under which objects live."""
+        prefix = check_prefix(prefix)
+        skip = len(prefix) + 1 if prefix else 0
+        return sorted({m.key[skip:].split("/", 1)[0] for m in self.list(prefix)
+                       if "/" in m.key[skip:]})
+
+    def location(self, key: str) -> str:
+        """Where ``key`` lives, for messages: the store's URL and the key."""
+        return f"{self.url}/{key}"
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; :class:`ObjectNotFoundError` when there is none."""
+        return len(self.get(key))
+
+    def open_input(self, key: str, size: int | None = None) -> pa.NativeFile:
+        """A seekable reader of the object (``size``: its size when the caller knows it,
+        saving a request); a missing object raises :class:`ObjectNotFoundError`."""
+        raw = _RangedReader(self, check_key(key), self.size(key) if size is None else size)
+        return pa.PythonFile(io.BufferedReader(raw, _READ_BUFFER), mode="r")
+
+    @contextlib.contextmanager
+    def writer(self, key: str, *, durable: bool = True) -> Iterator[ObjectWriter]:
+        """Yield a writer; the object appears whole when the block exits cleanly (and is
+        durable then, unless ``durable`` is False where that costs extra)."""
+        check_key(key)
+        out = _BufferedWriter()
+        yield out
+        self.put(key, out.getvalue())
+
+    def sync(self, prefix: str) -> None:
+        """Make every object listed under ``prefix`` durable (see the module docstring)."""
+        check_prefix(prefix)
+
+    def sweep(self, prefix: str, older_than: float) -> int:
+        """Remove leftovers of failed writes under ``prefix``; return how many."""
+        check_prefix(prefix)
+        return 0
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         """Create ``key`` with ``data`` unless an object is there; an object already there

@@ -13,25 +13,67 @@ How each operation keeps the :mod:`lamina.objstore.base` contract:
 - ``list``: a walk of the directory under the prefix, size and mtime from ``stat``; temp
   files (dot-named, which keys cannot be) and directories are not objects. A file deleted
   during the walk is skipped.
-- ``delete``: unlink, missing is fine; directories left empty stay (they are not objects).
+- ``delete``: unlink, missing is fine, the directory not fsynced (a delete that a crash
+  undoes leaves garbage, which the next collection deletes); directories left empty stay
+  (they are not objects) until ``sweep``.
   ``delete_prefix``: ``FileSystem.rmtree`` of the prefix's directory.
+- ``open_input``: the file opened (:class:`pyarrow.OSFile`); an open file keeps its bytes
+  readable after garbage collection unlinks it, so a long read pins what it opened.
+- ``writer``: ``FileSystem.create_synced``: streamed to a temp file, fsynced, renamed into
+  place, the directory fsynced (no part held in memory); with ``durable=False`` the same
+  without the syncs (a step's scratch runs).
+- ``sync``: fsync of the prefix's directory; ``sweep``: temp files (dot-named) and empty
+  directories older than the cut-off.
 
 Missing parent directories are created (and their parents fsynced) by the writes.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import pyarrow as pa
+
 from lamina.errors import ConfigError, InvalidArgumentError, ObjectNotFoundError, StorageError
-from lamina.fs import FileSystem
-from lamina.objstore.base import ObjectMeta, ObjectStore, check_key, check_prefix
+from lamina.fs import TMP_SUFFIX, AppendFile, FileSystem, crc32c
+from lamina.objstore.base import ObjectMeta, ObjectStore, ObjectWriter, check_key, check_prefix
 
 _NOT_AN_OBJECT = (errno.EISDIR, errno.ENOTDIR)
+
+
+class _UnsyncedWriter:
+    """An :class:`ObjectWriter` straight to an :class:`AppendFile` (no fsync)."""
+
+    def __init__(self, handle: AppendFile) -> None:
+        self._h = handle
+        self.crc32c = 0
+        self._pos = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        self.crc32c = crc32c(view, self.crc32c)
+        self._h.write(view)
+        self._pos += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        pass
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
 
 
 class LocalObjectStore(ObjectStore):
@@ -130,10 +172,94 @@ class LocalObjectStore(ObjectStore):
     def delete(self, key: str) -> None:
         path = self._path(key)
         with contextlib.suppress(NotADirectoryError):
-            self.fs.unlink(path, missing_ok=True)
+            self.fs.unlink(path, missing_ok=True, sync_dir=False)
 
     def delete_prefix(self, prefix: str) -> None:
         prefix = check_prefix(prefix)
         top = self.root / prefix if prefix else self.root
         if top.is_dir():
             self.fs.rmtree(top)
+
+    def child(self, prefix: str) -> LocalObjectStore:
+        prefix = check_prefix(prefix)
+        return LocalObjectStore(self.root / prefix if prefix else self.root, self.fs)
+
+    def children(self, prefix: str = "") -> builtins.list[str]:
+        prefix = check_prefix(prefix)
+        top = self.root / prefix if prefix else self.root
+        try:
+            return sorted(d.name for d in top.iterdir()
+                          if d.is_dir() and not d.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def location(self, key: str) -> str:
+        return str(self._path(key)) if key else str(self.root)
+
+    def path(self, key: str) -> Path:
+        """The file that holds ``key`` (for readers that hand a path to another program,
+        such as Spark's Parquet reader)."""
+        return self._path(key)
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            return path.stat().st_size
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise self._missing(key) from exc
+
+    def open_input(self, key: str, size: int | None = None) -> pa.NativeFile:
+        path = self._path(key)
+        try:
+            return pa.OSFile(str(path), mode="r")
+        except FileNotFoundError as exc:
+            raise self._missing(key) from exc
+        except OSError as exc:
+            if exc.errno in _NOT_AN_OBJECT:
+                raise self._missing(key) from exc
+            raise StorageError(exc.errno or errno.EIO, f"opening {path} failed: {exc} (check "
+                               "permissions and the disk's health)") from exc
+
+    @contextlib.contextmanager
+    def writer(self, key: str, *, durable: bool = True) -> Iterator[ObjectWriter]:
+        path = self._path(key)
+        self.fs.makedirs(path.parent)
+        if durable:
+            with self.fs.create_synced(path) as synced:
+                yield synced
+            return
+        tmp = self.fs.temp_path(path)
+        handle = self.fs.open_append(tmp, create=True)
+        try:
+            yield _UnsyncedWriter(handle)
+            handle.close()
+            self.fs.rename(tmp, path, sync_dir=False)
+        except BaseException:
+            handle.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def sync(self, prefix: str) -> None:
+        prefix = check_prefix(prefix)
+        top = self.root / prefix if prefix else self.root
+        if top.is_dir():
+            self.fs.fsync_dir(top)
+
+    def sweep(self, prefix: str, older_than: float) -> int:
+        prefix = check_prefix(prefix)
+        top = self.root / prefix if prefix else self.root
+        removed = 0
+        for dirpath, _dirs, filenames in os.walk(top, topdown=False):
+            here = Path(dirpath)
+            for name in filenames:
+                if name.startswith(".") and name.endswith(TMP_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        if (here / name).stat().st_mtime < older_than:
+                            self.fs.unlink(here / name, sync_dir=False)
+                            removed += 1
+            if here != top:
+                with contextlib.suppress(OSError):  # not empty, or just written to
+                    if here.stat().st_mtime < older_than and not any(here.iterdir()):
+                        here.rmdir()
+        return removed

@@ -23,8 +23,10 @@ environment: ``AWS_ENDPOINT_URL`` (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT``),
 ``AWS_REGION`` (``AWS_DEFAULT_REGION``), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``. Plain ``http://`` is allowed when the endpoint says ``http://``.
 Secrets never appear in ``repr``/``str`` of a settings object or a store, nor in error
-messages; a pickled store carries only its URL and the explicit settings, so Spark
-executors resolve credentials from their own environment (``spark.executorEnv.*``).
+messages; a pickled store carries its URL and the explicit settings *without* the
+credentials, so Spark executors resolve credentials from their own environment (the
+daemon passes explicit ones as ``spark.executorEnv.AWS_*``, which Spark redacts in its UI
+and logs).
 
 Fork safety: obstore's HTTP client hangs forever in a process forked from one that already
 made a request with it (checked with obstore 0.12.1: even a client built anew in the child
@@ -37,6 +39,7 @@ a process that must fork after using S3 uses the ``spawn`` or ``forkserver`` sta
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import re
@@ -151,6 +154,10 @@ class S3ObjectStore(ObjectStore):
         state = dict(self.__dict__)
         state["_client"] = None
         state["_pid"] = 0
+        # credentials never travel in a pickle (a Spark task's closure): the receiving
+        # process takes them from its environment (the daemon sets spark.executorEnv.*)
+        state["settings"] = replace(self.settings, access_key_id=None,
+                                    secret_access_key=None, session_token=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -261,6 +268,15 @@ class S3ObjectStore(ObjectStore):
             return b""
         self._fail("ranged get", key, first)
 
+    def size(self, key: str) -> int:
+        import obstore
+
+        check_key(key)
+        try:
+            return int(obstore.head(self._store(), key)["size"])
+        except Exception as exc:
+            self._fail("head", key, exc)
+
     def put(self, key: str, data: bytes) -> None:
         import obstore
 
@@ -297,6 +313,16 @@ class S3ObjectStore(ObjectStore):
         out.sort(key=lambda m: m.key)
         return out
 
+    def children(self, prefix: str = "") -> builtins.list[str]:
+        import obstore
+
+        prefix = check_prefix(prefix)
+        try:
+            found = obstore.list_with_delimiter(self._store(), prefix or None)
+        except Exception as exc:
+            self._fail("list", prefix, exc)
+        return sorted(p.rsplit("/", 1)[-1] for p in found["common_prefixes"])
+
     def delete(self, key: str) -> None:
         import obstore
 
@@ -317,6 +343,11 @@ class S3ObjectStore(ObjectStore):
                 obstore.delete(self._store(), keys[i:i + _DELETE_BATCH])
             except Exception as exc:
                 self._fail("delete", prefix, exc)
+
+    def child(self, prefix: str) -> S3ObjectStore:
+        prefix = check_prefix(prefix)
+        joined = "/".join(p for p in (self.prefix, prefix) if p)
+        return S3ObjectStore(self.bucket, joined, self.settings)
 
     def __repr__(self) -> str:
         return f"S3ObjectStore({self.url!r}, {self.settings!r})"

@@ -16,15 +16,49 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from lamina.errors import ConfigError
+from lamina.objstore.s3 import S3Settings
 
-__all__ = ["ENV_PREFIX", "ServiceSettings", "load_toml_settings"]
+__all__ = ["ENV_PREFIX", "S3Section", "ServiceSettings", "load_toml_settings"]
 
 ENV_PREFIX = "LAMINA_"
 
 _M = TypeVar("_M", bound=BaseModel)
+
+
+class S3Section(BaseModel):
+    """The ``[s3]`` table: explicit settings of an ``s3://`` trace. Every field left out
+    comes from the standard AWS environment (``AWS_ENDPOINT_URL``, ``AWS_REGION``,
+    ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``); secrets are
+    never shown in a repr or a log."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    allow_http: bool | None = None
+    max_retries: int = Field(10, ge=0)
+    retry_timeout_seconds: float = Field(180.0, gt=0)
+    connect_timeout_seconds: float = Field(5.0, gt=0)
+    timeout_seconds: float = Field(60.0, gt=0)
+
+    def to_settings(self) -> S3Settings:
+        def secret(v: SecretStr | None) -> str | None:
+            return v.get_secret_value() if v is not None else None
+
+        return S3Settings(endpoint=self.endpoint, region=self.region,
+                          access_key_id=self.access_key_id,
+                          secret_access_key=secret(self.secret_access_key),
+                          session_token=secret(self.session_token), allow_http=self.allow_http,
+                          max_retries=self.max_retries,
+                          retry_timeout_s=self.retry_timeout_seconds,
+                          connect_timeout_s=self.connect_timeout_seconds,
+                          timeout_s=self.timeout_seconds)
 
 
 class ServiceSettings(BaseModel):

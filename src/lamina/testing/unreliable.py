@@ -19,16 +19,25 @@ probability drawn from a seeded ``random.Random`` (the same seed and call sequen
 the same faults). The first rule that fires for a call decides it. Every injected fault is
 recorded in :attr:`UnreliableStore.injected`.
 
+``crash_at_mutation=k`` models a process killed between two requests: the k-th mutating
+call (``put``, ``create`` or ``delete``, counted together from 1) is not performed and
+raises :class:`SimulatedCrash` (a ``BaseException``, so no ``except Exception`` handler
+swallows it), and so does every later call of any kind, as if the process were gone.
+:attr:`UnreliableStore.mutations` records every mutating call (performed or not), so a
+dry run without a crash counts the points to crash at.
+
 ``ignore_conditional=True`` makes the wrapper behave like an S3-compatible server that
 ignores ``If-None-Match``: a conditional create overwrites and reports success. It is what
 :func:`lamina.objstore.probe.check_conditional_put` must refuse.
 
-``put_if_absent`` and ``delete_prefix`` are the base class's, built on the wrapped
-primitives here, so faults reach the reads and deletes they make too.
+``put_if_absent``, ``delete_prefix``, ``open_input`` and ``writer`` are the base class's,
+built on the wrapped primitives here, so faults reach the reads, puts and deletes they
+make too; ``child`` wraps the inner store's child under the same rules.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import random
 import threading
@@ -70,13 +79,21 @@ class Injected:
     key: str
 
 
+class SimulatedCrash(BaseException):
+    """The process "died" before this store call (``crash_at_mutation``)."""
+
+
 class UnreliableStore(ObjectStore):
     """``inner`` with faults injected by rules (module docstring). Thread-safe."""
 
     def __init__(self, inner: ObjectStore, *, seed: int = 0,
-                 ignore_conditional: bool = False,
+                 ignore_conditional: bool = False, crash_at_mutation: int | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.inner = inner
+        self.crash_at_mutation = crash_at_mutation
+        self.mutations: list[tuple[OpKind, str]] = []
+        """Every put, create and delete asked of this store and its children, in order."""
+        self._crashed: list[bool] = [False]  # shared with children
         self.url = inner.url
         self.ignore_conditional = ignore_conditional
         self._sleep = sleep
@@ -119,6 +136,13 @@ class UnreliableStore(ObjectStore):
             return n, None
 
     def _run(self, op: OpKind, key: str, call: Callable[[], _T]) -> _T:
+        with self._mu:
+            if op in ("put", "create", "delete"):
+                self.mutations.append((op, key))
+                if len(self.mutations) == self.crash_at_mutation:
+                    self._crashed[0] = True
+            if self._crashed[0]:
+                raise SimulatedCrash(f"{self.url}: crashed before {op} of {key!r}")
         n, rule = self._decide(op, key)
         if rule is None:
             return call()
@@ -136,6 +160,13 @@ class UnreliableStore(ObjectStore):
         call()
         raise StorageError(errno.EIO, f"{what}: the operation was performed but its "
                            "response was lost (a test fault; the outcome is unknown)")
+
+    def child(self, prefix: str) -> UnreliableStore:
+        """The inner store's child, under the same rules, counters and record."""
+        c = copy.copy(self)
+        c.inner = self.inner.child(prefix)
+        c.url = c.inner.url
+        return c
 
     def get(self, key: str) -> bytes:
         return self._run("get", key, lambda: self.inner.get(key))

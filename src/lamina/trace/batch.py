@@ -7,7 +7,8 @@ diff) and ordered by (key columns, other row columns, time) across its
 parts in order. A time below ``lower`` only appears as the batch's ``since``, where logical
 compaction forwarded it.
 
-Files live under the relation's trace directory::
+Files are objects of the relation's trace (:class:`~lamina.objstore.base.ObjectStore`,
+names from :class:`lamina.layout.TraceLayout`)::
 
     batches/<batch id>/part-00000.parquet   parts of one batch, written by parallel tasks
     pending/<part id>.parquet               future updates (lamina.trace.pending)
@@ -16,8 +17,9 @@ Ids are fresh per attempt (crash-safety rule 4, docs/architecture.md): a step re
 writes new
 files, and only what the published state names is data; the rest is garbage.
 
-Every file is published with the storage layer's temp + fsync + rename + directory fsync,
-and its CRC32C is recorded in the description and checked on every read.
+Every file appears whole or not at all (``ObjectStore.writer``: on a directory temp +
+fsync + rename + directory fsync, on S3 one put), and its CRC32C is recorded in the
+description and checked on every read.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lamina.errors import CorruptionError
-from lamina.fs import FileSystem, crc32c
+from lamina.fs import crc32c
+
+if TYPE_CHECKING:
+    from lamina.objstore.base import ObjectStore
 
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 1
@@ -115,13 +119,11 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
             "write_statistics": True, "write_page_checksum": True}
 
 
-def write_part(fs: FileSystem, trace_dir: Path, rel_path: str, schema: pa.Schema,
+def write_part(store: ObjectStore, key: str, schema: pa.Schema,
                tables: Iterable[pa.Table | pa.RecordBatch]) -> PartFile:
-    """Write ``tables`` (already ordered) as one Parquet file, durably; return its entry."""
-    final = trace_dir / rel_path
-    fs.makedirs(final.parent)
+    """Write ``tables`` (already ordered) as one Parquet object, durably; return its entry."""
     rows = 0
-    with fs.create_synced(final) as out:
+    with store.writer(key) as out:
         writer = pq.ParquetWriter(out, schema, **parquet_options(schema))
         try:
             for t in tables:
@@ -132,25 +134,25 @@ def write_part(fs: FileSystem, trace_dir: Path, rel_path: str, schema: pa.Schema
         finally:
             writer.close()
         size, crc = out.tell(), out.crc32c
-    return PartFile(path=rel_path, rows=rows, bytes=size, crc32c=crc)
+    return PartFile(path=key, rows=rows, bytes=size, crc32c=crc)
 
 
-def read_part(trace_dir: Path, part: PartFile, fs: FileSystem | None = None,
-              columns: list[str] | None = None) -> pa.Table:
+def read_part(store: ObjectStore, part: PartFile, columns: list[str] | None = None
+              ) -> pa.Table:
     """Read one part, checking size and checksum first. FileNotFoundError passes through
     (a reader racing garbage collection retries); damage raises CorruptionError."""
-    path = trace_dir / part.path
-    data = (fs or FileSystem()).read_bytes(path)
+    where = store.location(part.path)
+    data = store.get(part.path)
     if len(data) != part.bytes:
         raise CorruptionError(f"batch file has {len(data)} bytes, its description says "
-                              f"{part.bytes}", path=path)
+                              f"{part.bytes}", path=where)
     if crc32c(data) != part.crc32c:
-        raise CorruptionError("batch file checksum mismatch", path=path)
+        raise CorruptionError("batch file checksum mismatch", path=where)
     try:
         table = pq.read_table(pa.BufferReader(data), columns=columns)
     except (pa.ArrowException, OSError) as exc:
-        raise CorruptionError(f"batch file is not readable Parquet: {exc}", path=path) from exc
+        raise CorruptionError(f"batch file is not readable Parquet: {exc}", path=where) from exc
     if table.num_rows != part.rows:
         raise CorruptionError(f"batch file has {table.num_rows} rows, its description says "
-                              f"{part.rows}", path=path)
+                              f"{part.rows}", path=where)
     return table

@@ -22,7 +22,7 @@ Data invariants (read every file; ``lamina verify`` and tests):
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,8 +35,11 @@ from lamina.schema import DIFF, TIME, RelationMeta
 from lamina.trace.batch import read_part
 from lamina.trace.state import TraceState
 
+if TYPE_CHECKING:
+    from lamina.objstore.base import ObjectStore
 
-def check_state(state: TraceState, where: Path | None = None) -> None:
+
+def check_state(state: TraceState, where: str | None = None) -> None:
     """Raise CorruptionError if a state invariant (1-6) is broken."""
 
     def fail(msg: str) -> None:
@@ -72,7 +75,7 @@ def check_state(state: TraceState, where: Path | None = None) -> None:
 
 
 def check_rows(table: pa.Table, meta: RelationMeta, *, lower: int, upper: int,
-               since: int | None, what: str, path: Path | None = None) -> None:
+               since: int | None, what: str, path: str | None = None) -> None:
     """Raise CorruptionError if the rows of a batch or pending part break invariants 7-8."""
     if table.num_rows == 0:
         return
@@ -97,15 +100,15 @@ def check_rows(table: pa.Table, meta: RelationMeta, *, lower: int, upper: int,
         raise CorruptionError(f"{what}: not consolidated (a row repeats at one time)", path=path)
 
 
-def check_data(trace_dir: Path, state: TraceState, meta: RelationMeta) -> None:
+def check_data(store: ObjectStore, state: TraceState, meta: RelationMeta) -> None:
     """Read every file the state names and check invariants 7-8 (and the checksums)."""
     for b in state.batches:
-        tables = [read_part(trace_dir, p) for p in b.parts]
+        tables = [read_part(store, p) for p in b.parts]
         if tables:
             check_rows(pa.concat_tables(tables), meta, lower=b.lower, upper=b.upper,
                        since=b.since, what=f"batch {b.id}",
-                       path=trace_dir / TraceLayout.batch_dir(b.id))
+                       path=store.location(TraceLayout.batch_dir(b.id)))
     for pp in state.pending:
-        check_rows(read_part(trace_dir, pp.part), meta, lower=pp.lower, upper=pp.upper,
+        check_rows(read_part(store, pp.part), meta, lower=pp.lower, upper=pp.upper,
                    since=None, what=f"pending part {pp.part.path}",
-                   path=trace_dir / pp.part.path)
+                   path=store.location(pp.part.path))

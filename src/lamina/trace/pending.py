@@ -20,6 +20,7 @@ rewrites all of them (an amortized cost, like a merge).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,6 +40,21 @@ def bucket_of(t: int, upper: int) -> tuple[int, int]:
     k = (t ^ upper).bit_length() - 1
     lo = (t >> k) << k
     return lo, lo + (1 << k)
+
+
+def bucket_lows(times: pa.Array | pa.ChunkedArray, upper: int) -> pa.Array | pa.ChunkedArray:
+    """``bucket_of(t, upper)[0]`` for every ``t >= upper``, vectorized (uint64 in, uint64
+    out): the highest bit ``k`` where ``t`` and ``upper`` differ, found by binary search,
+    then ``t`` with its bits below ``k`` cleared (``t == upper`` gives ``k = 0``, i.e.
+    ``t``)."""
+    x = pc.bit_wise_xor(times, pa.scalar(upper, pa.uint64()))
+    k: Any = pa.scalar(0, pa.uint64())
+    for s in (32, 16, 8, 4, 2, 1):
+        shifted = pc.shift_right(x, pa.scalar(s, pa.uint64()))
+        moved = pc.not_equal(shifted, pa.scalar(0, pa.uint64()))
+        x = pc.if_else(moved, shifted, x)
+        k = pc.add(k, pc.if_else(moved, pa.scalar(s, pa.uint64()), pa.scalar(0, pa.uint64())))
+    return pc.shift_left(pc.shift_right(times, k), k)
 
 
 def split_by_bucket(table: pa.Table, upper: int) -> Iterator[tuple[int, int, pa.Table]]:

@@ -2,7 +2,7 @@
 
 A plan is pure: it depends only on the trace state and the WAL segments' frontiers, so
 the in-process reference executor (lamina.trace.reference) and the Spark executor
-(lamina.compacter.jobs) carry out the same plan and are compared row for row in tests.
+(lamina.compacter.step) carry out the same plan and are compared row for row in tests.
 
 Conversion of consecutive finished segments ``s_i..s_j`` (``s_i.lower`` must equal the
 trace upper): the new batch is ``[trace upper, s_j.upper)``; since becomes the largest

@@ -1,6 +1,6 @@
 """The in-process executor of conversion and merge plans, with pyarrow.
 
-This is the reference the Spark jobs (lamina.compacter.jobs) are tested against: given the
+This is the reference the Spark jobs (lamina.compacter.step) are tested against: given the
 same plan and inputs both produce the same batch rows, in the same order, and the same
 pending buckets. It holds a step's input in memory, so the daemon uses Spark instead.
 """
@@ -36,7 +36,7 @@ def conversion_input(trace: Trace, plan: ConversionPlan) -> pa.Table:
     for span in plan.segments:
         seg = SegmentFile(Path(span.path), span.seq, finished=True)
         tables.extend(segment_updates(seg, meta.name, meta.update_schema))
-    tables.extend(read_part(trace.dir, p.part, trace.fs) for p in plan.consume)
+    tables.extend(read_part(trace.store, p.part) for p in plan.consume)
     return pa.concat_tables(tables) if tables else meta.update_schema.empty_table()
 
 
@@ -62,10 +62,10 @@ def run_conversion(trace: Trace, plan: ConversionPlan, updates: pa.Table | None 
     schema = meta.update_schema
     parts = []
     if batch.num_rows:
-        parts.append(write_part(trace.fs, trace.dir, TraceLayout.batch_part(plan.batch_id, 0),
+        parts.append(write_part(trace.store, TraceLayout.batch_part(plan.batch_id, 0),
                                 schema, [batch]))
     future = consolidate_updates(future, meta.row_columns, meta.sort_columns, context=ctx)
-    pending = [PendingPart(lo, hi, write_part(trace.fs, trace.dir, pending_path(), schema, [t]))
+    pending = [PendingPart(lo, hi, write_part(trace.store, pending_path(), schema, [t]))
                for lo, hi, t in split_by_bucket(future, plan.upper)]
     return parts, pending
 
@@ -76,7 +76,7 @@ def convert(trace: Trace, plan: ConversionPlan) -> TraceState:
 
 
 def merged_rows(trace: Trace, plan: MergePlan, meta: RelationMeta) -> pa.Table:
-    tables = [read_part(trace.dir, p, trace.fs) for b in (plan.left, plan.right)
+    tables = [read_part(trace.store, p) for b in (plan.left, plan.right)
               for p in b.parts]
     table = pa.concat_tables(tables) if tables else meta.update_schema.empty_table()
     return consolidate_updates(forward(table, plan.since), meta.row_columns, meta.sort_columns,
@@ -87,7 +87,7 @@ def run_merge(trace: Trace, plan: MergePlan) -> list[PartFile]:
     table = merged_rows(trace, plan, trace.meta)
     if not table.num_rows:
         return []
-    return [write_part(trace.fs, trace.dir, TraceLayout.batch_part(plan.batch_id, 0),
+    return [write_part(trace.store, TraceLayout.batch_part(plan.batch_id, 0),
                        trace.meta.update_schema, [table])]
 
 

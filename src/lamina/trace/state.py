@@ -1,18 +1,26 @@
 """The versioned trace state of one relation and its compare-and-set publication.
 
-A state version is a JSON file ``state/{version:020d}.json`` in the relation's trace
-directory::
+A state version is a JSON object ``state/{version:020d}.json`` in the relation's trace
+(an :class:`~lamina.objstore.base.ObjectStore` rooted at it: a directory or a bucket
+prefix)::
 
     {"checksum": <CRC32C of the canonical JSON of "state">,
      "state": {"format_version": 1, "version": N, "relation": "orders",
-               "relation_id": "<hex>", "upper": U, "since": S,
+               "relation_id": "<hex>", "writer": "<random nonce of this version>",
+               "upper": U, "since": S,
                "converted_through": <last converted WAL segment sequence, 0 = none>,
                "batches": [BatchDesc...], "pending": [PendingPart...]}}
 
-Publication is compare-and-set: version N+1 is created with an exclusive link of a synced
-temp file (``FileSystem.publish_exclusive``), so of two writers that both read version N
-exactly one creates N+1; the other gets StateConflictError and must stop. Data files are
-written before the state that names them (crash-safety rules, docs/architecture.md).
+Publication is compare-and-set: version N+1 is created with ``put_if_absent`` (on a
+directory an exclusive link of a synced temp file, on S3 a PutObject with
+``If-None-Match: *``), so of two writers that both read version N exactly one creates N+1;
+the other gets StateConflictError and must stop. The writer nonce makes every publication's
+bytes unique: a create whose response was lost and whose retry finds the object is told
+apart from a race lost to another writer by reading the object back
+(``ObjectStore.put_if_absent``), the indeterminate outcome persist names. The nonce is
+drawn by :meth:`TraceState.next` and covered by the checksum; a version written before it
+existed reads with an empty one. Data files are written before the state that names them
+(crash-safety rules, docs/architecture.md).
 
 Recovery reads the newest version. A newest version that fails its checksum is corruption,
 not a reason to fall back to an older one: the WAL segments the newest version marked
@@ -25,13 +33,15 @@ by lamina.trace.pending), and only the newest ``keep`` versions are kept.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lamina.errors import CorruptionError, StateConflictError
-from lamina.fs import FileSystem, crc32c
+from lamina.errors import CorruptionError, ObjectExistsError, StateConflictError
+from lamina.fs import crc32c
 from lamina.layout import TraceLayout
+from lamina.objstore.base import ObjectStore
 from lamina.trace.batch import BatchDesc, PartFile
 
 FORMAT_VERSION = 1
@@ -66,6 +76,8 @@ class TraceState:
     converted_through: int = 0
     batches: tuple[BatchDesc, ...] = ()
     pending: tuple[PendingPart, ...] = field(default=())
+    writer: str = ""
+    """A random nonce per version (:meth:`next`): no two writers publish equal bytes."""
     format_version: int = FORMAT_VERSION
 
     @classmethod
@@ -74,7 +86,7 @@ class TraceState:
         return cls(version=0, relation=relation, relation_id=relation_id)
 
     def next(self, **changes: Any) -> TraceState:
-        return replace(self, version=self.version + 1, **changes)
+        return replace(self, version=self.version + 1, writer=uuid.uuid4().hex, **changes)
 
     def files(self) -> set[str]:
         """Paths (relative to the trace dir) of every data file this version names."""
@@ -99,7 +111,7 @@ class TraceState:
     def to_dict(self) -> dict[str, Any]:
         return {"format_version": self.format_version, "version": self.version,
                 "relation": self.relation, "relation_id": self.relation_id,
-                "upper": self.upper, "since": self.since,
+                "writer": self.writer, "upper": self.upper, "since": self.since,
                 "converted_through": self.converted_through,
                 "batches": [b.to_dict() for b in self.batches],
                 "pending": [p.to_dict() for p in self.pending]}
@@ -111,6 +123,7 @@ class TraceState:
                    since=int(d["since"]), converted_through=int(d["converted_through"]),
                    batches=tuple(BatchDesc.from_dict(b) for b in d["batches"]),
                    pending=tuple(PendingPart.from_dict(p) for p in d["pending"]),
+                   writer=str(d.get("writer", "")),
                    format_version=int(d["format_version"]))
 
 
@@ -124,8 +137,9 @@ def encode_state(state: TraceState) -> bytes:
                       sort_keys=True, indent=1).encode() + b"\n"
 
 
-def decode_state(data: bytes, path: Path) -> TraceState:
-    """Parse a state file; any damage raises CorruptionError naming the file."""
+def decode_state(data: bytes, path: str | Path) -> TraceState:
+    """Parse a state object (``path``: where it lives, ending in its name); any damage
+    raises CorruptionError naming it."""
     try:
         doc = json.loads(data)
         body = doc["state"]
@@ -140,7 +154,7 @@ def decode_state(data: bytes, path: Path) -> TraceState:
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
             OverflowError) as exc:  # OverflowError: int() of an infinite float
         raise CorruptionError(f"trace state is unreadable: {exc!r}", path=path) from exc
-    if path.name != state_file_name(state.version):
+    if str(path).rsplit("/", 1)[-1] != state_file_name(state.version):
         raise CorruptionError(f"trace state says version {state.version}", path=path)
     return state
 
@@ -150,27 +164,28 @@ def state_file_name(version: int) -> str:
 
 
 class StateStore:
-    """The ``state/`` directory of one relation's trace."""
+    """The ``state/`` versions of one relation's trace, in its object store."""
 
-    def __init__(self, trace_dir: Path, fs: FileSystem) -> None:
-        self.dir = trace_dir / TraceLayout.STATE
-        self.fs = fs
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.dir = store.location(TraceLayout.STATE)
+        """Where the versions live, for messages."""
+
+    @staticmethod
+    def key(version: int) -> str:
+        return f"{TraceLayout.STATE}/{state_file_name(version)}"
 
     def versions(self) -> list[int]:
-        try:
-            names = [p.name for p in self.dir.iterdir()]
-        except FileNotFoundError:
-            return []
         out = []
-        for n in names:
-            stem, dot, ext = n.partition(".")
+        for meta in self.store.list(TraceLayout.STATE):
+            stem, dot, ext = meta.key.rsplit("/", 1)[-1].partition(".")
             if ext == "json" and dot and len(stem) == 20 and stem.isdigit():
                 out.append(int(stem))
         return sorted(out)
 
     def load(self, version: int) -> TraceState:
-        path = self.dir / state_file_name(version)
-        return decode_state(self.fs.read_bytes(path), path)
+        key = self.key(version)
+        return decode_state(self.store.get(key), self.store.location(key))
 
     def load_latest(self) -> TraceState | None:
         """The newest version, or None when nothing was published yet. A version deleted
@@ -185,23 +200,27 @@ class StateStore:
                 continue
         raise CorruptionError("trace state versions kept vanishing while loading", path=self.dir)
 
+    def sync(self) -> None:
+        """Make the listed versions durable (a writer may have died before it did)."""
+        self.store.sync(TraceLayout.STATE)
+
     def publish(self, state: TraceState) -> None:
         """Publish ``state`` as its version, which must not exist yet (compare-and-set)."""
-        self.fs.makedirs(self.dir)
-        path = self.dir / state_file_name(state.version)
         newer = [v for v in self.versions() if v >= state.version]
-        if newer or not self.fs.publish_exclusive(path, encode_state(state)):
+        try:
+            if newer:
+                raise ObjectExistsError(f"version {newer[-1]} exists")
+            self.store.put_if_absent(self.key(state.version), encode_state(state))
+        except ObjectExistsError:
             raise StateConflictError(
                 f"trace state version {state.version} of relation {state.relation!r} was "
-                "published by another writer; this writer stops (is a second compacter "
-                "running on the same data directory?)")
+                f"published by another writer in {self.dir}; this writer stops (is a second "
+                "compacter running on the same trace?)") from None
 
     def prune(self, keep: int) -> list[int]:
         """Delete all but the newest ``keep`` versions; return the versions deleted."""
         versions = self.versions()
         doomed = versions[:-keep] if keep > 0 else []
         for v in doomed:
-            self.fs.unlink(self.dir / state_file_name(v), sync_dir=False)
-        if doomed:
-            self.fs.fsync_dir(self.dir)
+            self.store.delete(self.key(v))
         return doomed

@@ -1,6 +1,8 @@
 """A relation's trace: its state versions and the steps that advance them.
 
-:class:`Trace` is the only writer of a trace directory (the compacter, or tests). It holds
+:class:`Trace` is the only writer of a trace (the compacter, or tests); the trace is an
+:class:`~lamina.objstore.base.ObjectStore` rooted at the relation (a directory or an S3
+prefix, :meth:`lamina.layout.Layout.trace_store`). It holds
 the newest state in memory, and every step follows the crash-safety rules of docs/architecture.md:
 
 1. data files of the step are written and synced (by an executor: reference or Spark),
@@ -9,8 +11,10 @@ the newest state in memory, and every step follows the crash-safety rules of doc
    left to garbage collection, since readers of older versions may still read them).
 
 Garbage collection (:meth:`Trace.collect_garbage`) prunes state versions beyond ``keep``
-and deletes data and temp files that no kept version names, once they are older than a
-grace period (a file younger than that may belong to a step still running).
+and deletes data objects that no kept version names (and leftovers of failed writes),
+once they are older than a grace period (an object younger than that may belong to a step
+still running). It lists and deletes through the store, so it is the same on every
+storage.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from pathlib import Path
 
 from lamina import failpoints
 from lamina.errors import StalePlanError
-from lamina.fs import TMP_SUFFIX, FileSystem
+from lamina.fs import FileSystem
 from lamina.layout import TraceLayout
+from lamina.objstore.base import ObjectStore
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, PartFile
 from lamina.trace.invariants import check_state
 from lamina.trace.plan import ConversionPlan, MergePlan, merged_level
+from lamina.trace.staging import retire_staged
 from lamina.trace.state import PendingPart, StateStore, TraceState
 from lamina.wal.retire import delete_converted
 
@@ -40,39 +46,40 @@ class GcReport:
 
 
 class Trace:
-    """The writer's handle on one relation's trace directory."""
+    """The writer's handle on one relation's trace (``fs``: the WAL's storage layer, for
+    deleting converted segments)."""
 
-    def __init__(self, trace_dir: Path, meta: RelationMeta, fs: FileSystem,
+    def __init__(self, store: ObjectStore, meta: RelationMeta, fs: FileSystem,
                  state: TraceState) -> None:
-        self.dir = trace_dir
+        self.store = store
         self.meta = meta
         self.fs = fs
-        self.states = StateStore(trace_dir, fs)
+        self.states = StateStore(store)
         self._state = state
 
     @classmethod
-    def open(cls, trace_dir: Path, meta: RelationMeta, fs: FileSystem | None = None) -> Trace:
+    def open(cls, store: ObjectStore, meta: RelationMeta, fs: FileSystem | None = None
+             ) -> Trace:
         """Load the newest state (checking invariants). A trace left by a dropped relation of
         the same name (another ``relation_id``) is removed first.
 
-        The state directory is fsynced before the state is used: the newest version may
-        have been published by a writer that died (or whose fsync failed) before it
-        fsynced the directory, and this writer deletes the inputs that version replaced
-        (crash-safety rule 3, docs/architecture.md), which must never become durable before the
-        version itself."""
+        The state versions are made durable before the state is used (``sync``: on a
+        directory, its fsync): the newest version may have been published by a writer that
+        died (or whose fsync failed) before it fsynced the directory, and this writer
+        deletes the inputs that version replaced (crash-safety rule 3,
+        docs/architecture.md), which must never become durable before the version itself."""
         fs = fs or FileSystem()
-        store = StateStore(trace_dir, fs)
-        state = store.load_latest()
+        states = StateStore(store)
+        state = states.load_latest()
         if state is not None and state.relation_id != meta.relation_id:
-            fs.rmtree(trace_dir)
+            store.delete_prefix("")
             state = None
         if state is None:
             state = TraceState.empty(meta.name, meta.relation_id)
         else:
-            fs.fsync_dir(store.dir)
-        check_state(state, store.dir)
-        fs.makedirs(trace_dir)
-        return cls(trace_dir, meta, fs, state)
+            states.sync()
+        check_state(state, states.dir)
+        return cls(store, meta, fs, state)
 
     @property
     def state(self) -> TraceState:
@@ -129,8 +136,10 @@ class Trace:
         return published
 
     def delete_converted_segments(self, wal_dir: Path) -> int:
-        """Delete the WAL segments this trace's published state marks converted (only ever
-        after publication); lamina.wal.retire keeps the one that holds the frontiers."""
+        """Delete the WAL segments this trace's published state marks converted, and their
+        staged copies (only ever after publication); lamina.wal.retire keeps the one that
+        holds the frontiers."""
+        retire_staged(self.store, self._state.converted_through)
         return delete_converted(wal_dir, self.meta.name, self._state.converted_through,
                                 self.fs)
 
@@ -149,28 +158,14 @@ class Trace:
         cutoff = (time.time() if now is None else now) - grace_seconds
         files = nbytes = 0
         for sub in TraceLayout.DATA_DIRS:
-            root = self.dir / sub
-            if not root.exists():
-                continue
-            for path in sorted(root.rglob("*"), reverse=True):
-                rel = path.relative_to(self.dir).as_posix()
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue
-                if path.is_dir():
-                    if not any(path.iterdir()) and st.st_mtime < cutoff:
-                        path.rmdir()
-                    continue
-                if rel in named or st.st_mtime >= cutoff:
+            for obj in self.store.list(sub):
+                if obj.key in named or obj.mtime >= cutoff:
                     continue
                 failpoints.hit("gc.before_delete")
-                self.fs.unlink(path, sync_dir=False)
+                self.store.delete(obj.key)
                 failpoints.hit("gc.after_delete")
                 files += 1
-                nbytes += st.st_size
-        for tmp in (self.dir / TraceLayout.STATE).glob(f"*{TMP_SUFFIX}"):
-            if tmp.stat().st_mtime < cutoff:
-                self.fs.unlink(tmp, sync_dir=False)
-                files += 1
+                nbytes += obj.size
+        for sub in (*TraceLayout.DATA_DIRS, TraceLayout.STATE):
+            files += self.store.sweep(sub, cutoff)
         return GcReport(versions_deleted=len(pruned), files_deleted=files, bytes_deleted=nbytes)

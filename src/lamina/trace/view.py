@@ -1,7 +1,8 @@
 """The trace side of the read path (see lamina.read): the trace batches and pending parts
 a reader opens, and the last WAL segment they already cover.
 
-Parts are kept open (:class:`OpenPart`) and read whole or row group by row group: with
+Parts are objects of the relation's trace store (:meth:`lamina.layout.Layout.trace_store`),
+kept open (:class:`OpenPart`) and read whole or row group by row group: with
 ``verify`` the file is first streamed once through CRC32C (bounded memory); lookups, which
 must not read whole files, rely on Parquet's page checksums instead (parts are written with
 them, lamina.trace.batch)."""
@@ -10,15 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lamina.errors import CorruptionError
-from lamina.fs import FileSystem, crc32c
+from lamina.fs import crc32c
 from lamina.layout import Layout
+from lamina.objstore.base import ObjectStore
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, PartFile
 from lamina.trace.state import PendingPart, StateStore, TraceState
@@ -26,22 +26,26 @@ from lamina.trace.state import PendingPart, StateStore, TraceState
 
 def current_state(layout: Layout, meta: RelationMeta) -> TraceState | None:
     """The newest trace state of this incarnation of the relation, if any."""
-    state = StateStore(layout.trace_dir(meta.name), FileSystem()).load_latest()
+    state = StateStore(layout.trace_store(meta.name)).load_latest()
     if state is None or state.relation_id != meta.relation_id:
         return None
     return state
 
 
 class OpenPart:
-    """One part file opened for reading: a :class:`pyarrow.parquet.ParquetFile` over an
-    open file handle. On a local file system an open handle keeps the bytes readable after
-    garbage collection unlinks the file, so a long streaming read pins what it opened."""
+    """One part opened for reading: a :class:`pyarrow.parquet.ParquetFile` over the store's
+    reader (``ObjectStore.open_input``). On a local file system an open handle keeps the
+    bytes readable after garbage collection unlinks the file, so a long streaming read pins
+    what it opened; on an object store a part deleted under a reader older than the grace
+    period reads as missing, and the reader retries from a fresh state."""
 
-    def __init__(self, trace_dir: Path, part: PartFile, *, verify: bool,
+    def __init__(self, store: ObjectStore, part: PartFile, *, verify: bool,
                  metadata: pq.FileMetaData | None = None) -> None:
         self.part = part
-        self.path = trace_dir / part.path
-        self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self.store = store
+        self.path = store.location(part.path)
+        """Where the part lives (a path or a URL), for messages."""
+        self._file: pa.NativeFile = store.open_input(part.path, part.bytes)
         try:
             if verify:
                 self._verify()
@@ -125,7 +129,7 @@ class PinnedView:
         self.close()
 
 
-Footers = Callable[[Path, PartFile], "pq.FileMetaData | None"]
+Footers = Callable[[ObjectStore, PartFile], "pq.FileMetaData | None"]
 """Known footers of immutable part files (lamina.lookup caches them), or None."""
 
 
@@ -138,7 +142,7 @@ def open_view(layout: Layout, meta: RelationMeta, state: TraceState | None,
     (lamina.subscribe). FileNotFoundError passes through (retry from a fresh state)."""
     if state is None:
         return [], []
-    trace_dir = layout.trace_dir(meta.name)
+    store = layout.trace_store(meta.name)
     batches: list[tuple[BatchDesc, list[OpenPart]]] = []
     pending: list[tuple[PendingPart, OpenPart]] = []
     try:
@@ -147,12 +151,12 @@ def open_view(layout: Layout, meta: RelationMeta, state: TraceState | None,
                 parts: list[OpenPart] = []
                 batches.append((b, parts))
                 for p in b.parts:
-                    md = footers(trace_dir, p) if footers is not None else None
-                    parts.append(OpenPart(trace_dir, p, verify=verify, metadata=md))
+                    md = footers(store, p) if footers is not None else None
+                    parts.append(OpenPart(store, p, verify=verify, metadata=md))
         for pp in state.pending:
             if pp.lower <= hi and pp.upper > lo:
-                md = footers(trace_dir, pp.part) if footers is not None else None
-                pending.append((pp, OpenPart(trace_dir, pp.part, verify=verify, metadata=md)))
+                md = footers(store, pp.part) if footers is not None else None
+                pending.append((pp, OpenPart(store, pp.part, verify=verify, metadata=md)))
     except BaseException:
         PinnedView(state, batches, pending, []).close()
         raise

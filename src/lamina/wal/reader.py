@@ -60,19 +60,25 @@ def frontiers(wal_dir: Path, relation: str) -> tuple[int, int]:
                           "frontiers", path=wal_dir)
 
 
+def checked_updates(payload: bytes | memoryview, path: object, offset: int,
+                    schema: pa.Schema) -> pa.Table:
+    """The update table of the UPDATES record at ``offset`` of ``path``, checked against
+    ``schema`` (CorruptionError naming file and offset otherwise)."""
+    try:
+        table = decode_updates(payload)
+    except ValueError as exc:
+        raise corrupt(path, offset, str(exc)) from exc
+    if not table.schema.equals(schema):
+        raise corrupt(path, offset, f"update record schema {table.schema} does not match "
+                                    "the relation")
+    return table
+
+
 def updates_of(scan: Scan, schema: pa.Schema) -> Iterator[pa.Table]:
     """The update tables of a scanned segment, each checked against ``schema``."""
     for rec in scan.records:
-        if rec.rtype is not RecordType.UPDATES:
-            continue
-        try:
-            table = decode_updates(rec.payload)
-        except ValueError as exc:
-            raise corrupt(scan.path, rec.offset, str(exc)) from exc
-        if not table.schema.equals(schema):
-            raise corrupt(scan.path, rec.offset, f"update record schema {table.schema} does "
-                                                 "not match the relation")
-        yield table
+        if rec.rtype is RecordType.UPDATES:
+            yield checked_updates(rec.payload, scan.path, rec.offset, schema)
 
 
 def segment_updates(seg: SegmentFile, relation: str, schema: pa.Schema) -> list[pa.Table]:

@@ -21,22 +21,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lamina.compacter.jobs import (
-    JobTuning,
-    bucket_lows,
-    order_prefix,
-    pack,
-    segment_ranges,
-    spark_convert,
-    spark_merge,
-)
 from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
+from lamina.compacter.step.driver import spark_convert, spark_merge
+from lamina.compacter.step.work import JobTuning, WalRange, pack
 from lamina.consolidate import INT64_MAX, sort
 from lamina.errors import CorruptionError, JobError
 from lamina.trace import reference
 from lamina.trace.batch import read_part
-from lamina.trace.pending import bucket_of
+from lamina.trace.order import order_prefix
+from lamina.trace.pending import bucket_lows, bucket_of
 from lamina.trace.plan import plan_conversion, plan_merge
+from lamina.wal.ranges import segment_ranges
 from lamina.wal.record import HEADER_SIZE, RecordType, read_frame
 from lamina.wal.segment import scan_file
 from tests.compacter.workload import (
@@ -124,7 +119,7 @@ def test_segment_ranges_cut_at_record_boundaries(tmp_path: Path) -> None:
             assert a.end in starts
         if target == 1:
             assert len(ranges) == len(scan.records)
-    groups = pack(segment_ranges(span, w.meta.name, 1000), 3000)
+    groups = pack([WalRange(r) for r in segment_ranges(span, w.meta.name, 1000)], 3000)
     assert all(sum(i.weight for i in g) <= 3000 or len(g) == 1 for g in groups)
 
 
@@ -146,11 +141,11 @@ def _extreme_times(w: Workload) -> None:
 
 
 def _convert_both(spark: Any, w: Workload, trace: Any, chunk: Any, *, name: str,
-                  tuning: JobTuning) -> tuple[Any, Any]:
+                  tuning: JobTuning, stage: bool = False) -> tuple[Any, Any]:
     plan = plan_conversion(trace.state, chunk)
     ref = w.fork(trace, name)
     want = reference.run_conversion(ref, plan)
-    got = spark_convert(spark, trace, plan, tuning=tuning)
+    got = spark_convert(spark, trace, plan, tuning=tuning, stage_segments=stage)
     assert_same_conversion(trace, got, ref, want, plan=plan)
     return plan, got
 
@@ -201,6 +196,40 @@ def test_conversions_and_merge_match_reference(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("tuning", [JobTuning(), SPLIT], ids=["single-task", "partitioned"])
+def test_an_s3_trace_with_staged_segments_matches_reference(
+        sp: Any, tmp_path: Path, s3_bucket: str, spark_s3_env: None, tuning: JobTuning
+        ) -> None:
+    """The trace on S3 and the WAL read from staged copies (a cluster with no shared
+    directory): the tasks write parts, runs and pending parts as objects, and the result
+    is exactly the reference's; the staged copies go when the converted segments do."""
+    rng = random.Random(17)
+    w = open_workload(tmp_path / "d", STR_KEY, ["name"], trace_url=f"s3://{s3_bucket}/t")
+    drive(w, rng, steps=20, rows_per_step=40, keys=25, future=0.25)
+    trace = w.trace()
+    assert trace.store.url == f"s3://{s3_bucket}/t/rel"
+    segs = spans(trace, w.wal_dir)
+    plan, got = _convert_both(sp, w, trace, segs, name="ref", tuning=tuning, stage=True)
+    staged = {o.key for o in trace.store.list("staging")}
+    assert staged == {f"staging/{s.seq:020d}.wal" for s in segs}
+    assert not trace.store.list(f"batches/{plan.batch_id}.scratch"), "scratch runs left"
+    trace.commit_conversion(plan, got.parts, got.pending)
+    trace.delete_converted_segments(w.wal_dir)
+    assert not trace.store.list("staging")
+    if tuning is SPLIT:
+        assert len(got.parts) > 1
+    drive(w, rng, steps=6, rows_per_step=40, keys=25, future=0.25)
+    plan2, got2 = _convert_both(sp, w, trace, spans(trace, w.wal_dir), name="ref2",
+                                tuning=tuning, stage=True)
+    trace.commit_conversion(plan2, got2.parts, got2.pending)
+    mplan = merge_plan_ok(plan_merge(trace.state))
+    ref = w.fork(trace, "refm")
+    want = reference.run_merge(ref, mplan)
+    merged = spark_merge(sp, trace, mplan, tuning=tuning)
+    assert_same_tables(batch_table(trace, merged), batch_table(ref, want), "merged batch")
+
+
+@pytest.mark.spark
 def test_several_tasks_write_parts_of_a_big_input(sp: Any, tmp_path: Path) -> None:
     """With default tuning, an input a few times ``part_bytes`` is range-partitioned: parts
     from several tasks, globally sorted in index order, equal to the reference's one part."""
@@ -244,7 +273,7 @@ def test_all_cancelled_writes_nothing(sp: Any, tmp_path: Path) -> None:
     assert (got.parts, got.pending) == ([], []) == reference.run_conversion(
         w.fork(trace, "ref"), plan)
     assert got.input_rows == input_updates(trace, plan) > 3, "every update read is counted"
-    assert not (trace.dir / "batches").exists() or not any((trace.dir / "batches").rglob("*"))
+    assert not trace.store.list("batches"), "a cancelled step left files"
 
 
 def _finish(w: Workload) -> Any:
@@ -285,10 +314,10 @@ def test_diff_overflow_is_carried(sp: Any, tmp_path: Path, tuning: JobTuning) ->
     got = spark_convert(sp, trace, plan, tuning=tuning)
     assert_same_conversion(trace, got, ref, want, plan=plan)
     rows = [(r["id"], r["_time"], r["_diff"])
-            for r in pa.concat_tables(read_part(ref.dir, p) for p in want[0]).to_pylist()
+            for r in pa.concat_tables(read_part(ref.store, p) for p in want[0]).to_pylist()
             if r["id"] != 0]
     assert rows == [(1, 2, 2**62), (2, 2, INT64_MAX), (2, 2, 1), (3, 2, -5)]
-    pending = pa.concat_tables(read_part(ref.dir, p.part) for p in want[1])
+    pending = pa.concat_tables(read_part(ref.store, p.part) for p in want[1])
     assert pending.column("_diff").to_pylist() == [INT64_MAX, 1]  # carried in pending too
 
 
@@ -328,7 +357,7 @@ def test_corrupt_pending_part_raises_corruption(sp: Any, tmp_path: Path) -> None
     reference.convert(trace, plan_conversion(trace.state, segs[:2]))
     plan = plan_conversion(trace.state, segs[2:])
     assert plan.consume
-    path = trace.dir / plan.consume[0].part.path
+    path = trace.store.root / plan.consume[0].part.path
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
     path.write_bytes(bytes(data))
@@ -347,11 +376,11 @@ def test_task_failure_is_job_error(sp: Any, tmp_path: Path) -> None:
     segs = spans(trace, w.wal_dir)
     reference.convert(trace, plan_conversion(trace.state, segs[:2]))
     plan = plan_conversion(trace.state, segs[2:])
-    (trace.dir / plan.consume[0].part.path).unlink()
+    (trace.store.root / plan.consume[0].part.path).unlink()
     with pytest.raises(JobError) as err:
         spark_convert(sp, trace, plan)
     assert "conversion of 'rel'" in str(err.value)
-    assert "FileNotFoundError" in str(err.value)
+    assert "ObjectNotFoundError" in str(err.value)  # a FileNotFoundError
 
 
 # --- cancellation ----------------------------------------------------------------------------

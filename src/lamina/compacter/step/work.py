@@ -1,0 +1,84 @@
+"""Work items: how a step's inputs are cut into the decode tasks' shares.
+
+The driver never reads data. It cuts the inputs into work items: WAL segments into
+record-aligned byte ranges (:func:`lamina.wal.ranges.segment_ranges`, which walks the
+frame headers only when a segment is bigger than a task's share), and Parquet parts
+(consumed pending parts, merge parents) whole. Each item has a *weight*, the bytes it
+stands for (a Parquet part's compressed bytes count :data:`PARQUET_EXPANSION` times), and
+:func:`pack` groups consecutive items into task groups by weight. A group is never empty,
+except the one group of a step with no input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lamina.trace.batch import PartFile
+from lamina.wal.ranges import SegmentRange
+
+PARQUET_EXPANSION = 4
+"""Parquet parts are compressed; their bytes count this many times when sizing tasks."""
+
+
+@dataclass(frozen=True)
+class JobTuning:
+    """How a step is cut into tasks. Defaults suit a laptop and small clusters."""
+
+    single_task_bytes: int = 8 << 20
+    """Inputs up to this size run as one task with no shuffle."""
+    split_bytes: int = 32 << 20
+    """Largest input share of one decode task (a WAL segment is split beyond it)."""
+    min_split_bytes: int = 1 << 20
+    """Smallest input share of one decode task."""
+    part_bytes: int = 32 << 20
+    """Input bytes per written part: the number of write partitions is the input over this."""
+    max_parts: int = 256
+    """At most this many write partitions (parts of one batch)."""
+    chunk_rows: int = 1 << 18
+    """Rows a write task sorts and consolidates at a time (written as Parquet row groups of
+    ``lamina.trace.batch.ROW_GROUP_ROWS`` rows, with statistics, for key lookups)."""
+
+
+DEFAULT_TUNING = JobTuning()
+
+
+@dataclass(frozen=True)
+class WalRange:
+    """A record-aligned byte range of a finished segment, read by one task."""
+
+    range: SegmentRange
+
+    @property
+    def weight(self) -> int:
+        return self.range.bytes
+
+
+@dataclass(frozen=True)
+class PartInput:
+    """A Parquet part (pending part or batch part) read whole by one task."""
+
+    part: PartFile
+
+    @property
+    def weight(self) -> int:
+        return self.part.bytes * PARQUET_EXPANSION
+
+
+WorkItem = WalRange | PartInput
+
+
+def pack(items: Sequence[WorkItem], target: int) -> list[tuple[WorkItem, ...]]:
+    """Group consecutive items into tasks of about ``target`` weight (at least one each)."""
+    groups: list[tuple[WorkItem, ...]] = []
+    current: list[WorkItem] = []
+    weight = 0
+    for item in items:
+        if current and weight + item.weight > target:
+            groups.append(tuple(current))
+            current, weight = [], 0
+        current.append(item)
+        weight += item.weight
+    if current or not groups:
+        groups.append(tuple(current))
+    return groups
