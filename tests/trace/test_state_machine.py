@@ -16,15 +16,21 @@ from a list of
   holds the updates;
 - once merging is done, the batch count stays within ``2*log2(conversions) + 2``;
 - the pending area stays bounded.
+
+It runs twice: with the trace under the data directory, and (fewer examples) with the
+trace on the test S3 server, where every state, part and pending part is an object.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -42,6 +48,9 @@ from lamina.trace.invariants import check_data, check_state
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.state import StateStore
 from lamina.trace.trace import Trace
+
+if TYPE_CHECKING:
+    from tests.objstore.s3server import S3Server
 from tests.trace.helpers import (
     KEY,
     NAME,
@@ -70,7 +79,8 @@ class TraceMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="lamina-sm-"))
         self.fs = NoSyncFileSystem()  # durability is the crash suites' business
-        self.store = Store.open(self.root, segment_bytes=4096, fsync="never", fs=self.fs)
+        self.store = Store.open(self.root, segment_bytes=4096, fsync="never", fs=self.fs,
+                                trace_url=self.trace_url())
         self.rel: Relation = self.store.create_relation(NAME, SCHEMA, key=KEY)
         self.trace = self._open_trace()
         self.oracle = Oracle()
@@ -80,6 +90,10 @@ class TraceMachine(RuleBasedStateMachine):
 
     def _open_trace(self) -> Trace:
         return Trace.open(self.store.layout.trace_store(NAME, self.fs), self.rel.meta, fs=self.fs)
+
+    def trace_url(self) -> str | None:
+        """Where this example's trace lives (None: under the data directory)."""
+        return None
 
     def teardown(self) -> None:
         # Coverage, shown by --hypothesis-show-statistics.
@@ -244,3 +258,32 @@ class TraceMachine(RuleBasedStateMachine):
 
 TraceMachine.TestCase.settings = settings.get_profile("trace-state-machine")
 TestTraceMachine = TraceMachine.TestCase
+
+
+class S3TraceMachine(TraceMachine):
+    """The same machine with the trace on the test S3 server, a bucket per example."""
+
+    server: ClassVar[S3Server | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.trace.store.url.startswith("s3://"), self.trace.store.url
+
+    def trace_url(self) -> str | None:
+        assert self.server is not None, "the s3_machine fixture sets the server"
+        return f"s3://{self.server.make_bucket()}/sm"
+
+
+@pytest.fixture
+def s3_machine(s3_server: S3Server, s3_bucket: str) -> Iterator[None]:
+    """The S3 server for S3TraceMachine (``s3_bucket`` sets the AWS environment)."""
+    S3TraceMachine.server = s3_server
+    yield
+    S3TraceMachine.server = None
+
+
+settings.register_profile(
+    "trace-state-machine-s3", max_examples=6, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+S3TraceMachine.TestCase.settings = settings.get_profile("trace-state-machine-s3")
+TestS3TraceMachine = pytest.mark.usefixtures("s3_machine")(S3TraceMachine.TestCase)
