@@ -43,9 +43,9 @@ def fill(rel: Relation, oracle: Oracle, trace: Trace, rng: random.Random, *, rou
 
 
 @contextmanager
-def relation(root: Path, seed: int, rounds: int = 24,
-             keys: int = 40) -> Iterator[tuple[Relation, Oracle]]:
-    with Store.open(root, segment_bytes=4096, fsync="never") as store:
+def relation(root: Path, seed: int, rounds: int = 24, keys: int = 40,
+             trace_url: str | None = None) -> Iterator[tuple[Relation, Oracle]]:
+    with Store.open(root, segment_bytes=4096, fsync="never", trace_url=trace_url) as store:
         rel = store.create_relation(NAME, SCHEMA, KEY)
         oracle = Oracle()
         trace = Trace.open(store.layout.trace_store(NAME), rel.meta)

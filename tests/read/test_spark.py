@@ -35,6 +35,20 @@ def test_spark_snapshot_equals_snapshot(spark: Any, tmp_path: Path) -> None:
             read_snapshot(spark, tmp_path, "nope", 0)
 
 
+def test_spark_snapshot_of_an_s3_trace(spark: Any, tmp_path: Path, s3_bucket: str,
+                                       spark_s3_env: None) -> None:
+    """With the trace on S3 the parts are read by Python tasks through the object store
+    (Spark has no S3 connector here): the same rows as ``snapshot``."""
+    with relation(tmp_path, 12, rounds=16, trace_url=f"s3://{s3_bucket}/t") as (rel, oracle):
+        assert rel.store.layout.trace_url().startswith("s3://")
+        for as_of in oracle.as_of_points(3):
+            df = read_snapshot(spark, tmp_path, rel.name, as_of)
+            got = df.toArrow()
+            want = rel.snapshot(as_of)
+            assert got.column_names == want.column_names
+            assert got.to_pylist() == want.to_pylist() == oracle.snapshot(as_of)
+
+
 def test_spark_snapshot_of_other_types_and_an_empty_relation(spark: Any,
                                                              tmp_path: Path) -> None:
     schema = pa.schema([("k", pa.string()), ("d", pa.date32()), ("n", pa.decimal128(9, 2)),
