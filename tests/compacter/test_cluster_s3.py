@@ -17,6 +17,7 @@ directory, and no staged segment outlives its conversion.
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -51,14 +52,19 @@ def test_cluster_with_no_shared_directory_compacts_into_s3(tmp_path: Path,
         with DaemonProcess(data, tmp_path / "daemon.log", master=cluster.master_url,
                            extra_env={"LAMINA_TRACE_URL": url}) as daemon:
             daemon.wait_ready(timeout=180)
-            workload = start_workload(data, ack, seed=31, ops=300, pause=0.02, quiet=True)
-            assert workload.wait(180) == 0
-            oracle = Oracle.load(ack)
-            daemon.wait_caught_up("drill", oracle.upper, timeout=300)
-            text = scrape_after_conversions(daemon, 1)
-            steps = (metric(text, "lamina_jobs_total", kind="conversion", outcome="success")
-                     + metric(text, "lamina_jobs_total", kind="merge", outcome="success"))
-            assert steps >= 2
+            for seed in (31, 32):  # two conversions at least, so that their batches merge
+                workload = start_workload(data, ack, seed=seed, ops=150, pause=0.02,
+                                          quiet=True)
+                assert workload.wait(180) == 0
+                oracle = Oracle.load(ack)
+                daemon.wait_caught_up("drill", oracle.upper, timeout=300)
+            text = _scrape_after_merges(daemon, 1)
+            conversions = metric(text, "lamina_jobs_total", kind="conversion",
+                                 outcome="success")
+            merges = metric(text, "lamina_jobs_total", kind="merge", outcome="success")
+            assert conversions >= 2
+            assert merges >= 1
+            steps = conversions + merges
             daemon.signal(signal.SIGTERM)
             assert daemon.wait() == 0
         apps = [a for a in cluster.status().get("completedapps", []) if a["name"] == APP]
@@ -73,3 +79,15 @@ def test_cluster_with_no_shared_directory_compacts_into_s3(tmp_path: Path,
     traces = open_store(url).child("drill")
     assert not traces.list(TraceLayout.STAGING), "staged segments outlived their conversion"
     assert not list((data / "trace").glob("*/*")), "trace files under the data directory"
+
+
+def _scrape_after_merges(daemon: DaemonProcess, n: int, timeout: float = 60.0) -> str:
+    """/metrics once ``n`` merges have been counted (or the timeout passed): the merge
+    follows the second conversion's commit in the same pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = scrape_after_conversions(daemon, 2)
+        done = metric(text, "lamina_jobs_total", kind="merge", outcome="success")
+        if done >= n or time.monotonic() > deadline:
+            return text
+        time.sleep(0.3)
