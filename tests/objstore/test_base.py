@@ -206,3 +206,41 @@ def test_errors_are_lamina_errors(store: ObjectStore) -> None:
     with pytest.raises(LaminaError) as info:
         store.get("missing")
     assert type(info.value).__module__ == "lamina.errors"
+
+
+def test_child_children_size_and_readers(store: ObjectStore) -> None:
+    """The helpers the trace is built on: a child store shares the objects under its
+    prefix; ``children`` names the next level; ``size``; ``open_input`` reads like a file
+    (seek, ranged reads through the buffer); ``writer`` publishes whole or not at all."""
+    store.put("rel/state/1.json", b"{}")
+    store.put("rel/batches/b/part-0.parquet", b"x" * 5000)
+    store.put("other/state/1.json", b"{}")
+    store.put("top", b"t")
+    assert store.children() == ["other", "rel"]
+    assert store.children("rel") == ["batches", "state"]
+    rel = store.child("rel")
+    assert rel.get("state/1.json") == b"{}"
+    assert rel.url.endswith("/rel")
+    assert [m.key for m in rel.list("batches")] == ["batches/b/part-0.parquet"]
+    assert rel.size("batches/b/part-0.parquet") == 5000
+    with pytest.raises(ObjectNotFoundError):
+        rel.size("batches/b/none")
+    payload = bytes(range(256)) * 40
+    with rel.writer("runs/r.arrow", durable=False) as out:
+        out.write(payload[:4000])
+        out.write(memoryview(payload)[4000:])
+        assert out.tell() == len(payload)
+    assert rel.get("runs/r.arrow") == payload
+    with rel.open_input("runs/r.arrow") as f:
+        f.seek(5000)
+        assert f.read(100) == payload[5000:5100]
+        f.seek(-10, 2)
+        assert f.read() == payload[-10:]
+    def failing_write() -> None:
+        with rel.writer("runs/failed.arrow") as out:
+            out.write(b"half")
+            raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError):
+        failing_write()
+    assert [m.key for m in rel.list("runs")] == ["runs/r.arrow"]
