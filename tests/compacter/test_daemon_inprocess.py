@@ -231,3 +231,20 @@ def _events(path: Path) -> list[str]:
             except ValueError:
                 continue
     return out
+
+
+def test_a_trace_url_other_than_the_recorded_one_stops_the_start(tmp_path: Path) -> None:
+    """The data directory records s3://bucket/a; a daemon configured for another URL stops
+    at start-up with a ConfigError naming both (``lamina serve`` exits 2) and changes
+    nothing but its lock file."""
+    from lamina.errors import ConfigError
+    from tests.conftest import tree_digest
+
+    Store.open(tmp_path, trace_url="s3://bucket/a").close()
+    before = tree_digest(tmp_path)
+    with pytest.raises(ConfigError, match="s3://bucket/a, not s3://bucket/b"):
+        asyncio.run(_daemon(tmp_path, trace_url="s3://bucket/b").run())
+    after = tree_digest(tmp_path)
+    after.pop("compacter.lock")  # the daemon's lock file, taken before the check
+    assert after == before
+    assert Layout(tmp_path).trace_url() == "s3://bucket/a"
