@@ -62,8 +62,8 @@ def test_local_traces_cannot_move(tmp_path: Path) -> None:
                                  "file://relative"])
 def test_a_malformed_url_is_refused_before_it_is_recorded(tmp_path: Path, url: str) -> None:
     with pytest.raises(ConfigError):
-        Store.open(tmp_path, trace_url=url)
-    assert not (tmp_path / "trace.json").exists()
+        Store.open(tmp_path / "new", trace_url=url)
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("data", [b"", b"{}", b'{"format_version": 2, "url": "s3://b/x"}',

@@ -95,6 +95,10 @@ class Store:
         fs = fs or FileSystem()
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{root} exists and is not a directory")
+        if trace_url is not None:  # a malformed URL is refused before anything is created
+            from lamina.objstore.base import open_store
+
+            open_store(trace_url.rstrip("/"), s3)
         store = cls(root, segment_bytes=segment_bytes,
                     segment_max_age_seconds=float(segment_max_age_seconds), fsync=fsync,
                     fsync_interval=fsync_interval, fs=fs, s3=s3)

@@ -168,9 +168,9 @@ class Daemon:
             self.layout.record_trace_url(self.settings.trace_url, self.fs)
         url = self.layout.trace_url()
         root = open_store(url, self.layout.s3, fs=self.fs)
-        if url.startswith("file:"):
+        if url == self.layout.default_trace_url():
             self.fs.makedirs(self.layout.trace)
-        else:
+        elif not url.startswith("file:"):
             check_conditional_put(root)
         self.trace_root = root
         log.info("daemon.trace", url=url)
