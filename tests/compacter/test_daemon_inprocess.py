@@ -248,3 +248,26 @@ def test_a_trace_url_other_than_the_recorded_one_stops_the_start(tmp_path: Path)
     after.pop("compacter.lock")  # the daemon's lock file, taken before the check
     assert after == before
     assert Layout(tmp_path).trace_url() == "s3://bucket/a"
+
+
+def test_only_traces_of_dropped_relations_are_removed(tmp_path: Path) -> None:
+    """Under the trace root, a leftover trace with no relation is removed; a name that
+    holds no trace (someone else's files under a shared prefix) is left alone."""
+    backlog(tmp_path, "live", rounds=4)
+    root = Layout(tmp_path).trace
+    (root / "gone" / "state").mkdir(parents=True)
+    (root / "gone" / "state" / "00000000000000000001.json").write_bytes(b"{}")
+    (root / "notes").mkdir(parents=True)
+    (root / "notes" / "readme.txt").write_text("not lamina's")
+    daemon = _daemon(tmp_path)
+
+    async def run() -> None:
+        task = asyncio.create_task(daemon.run())
+        await until("the live relation", lambda: _caught_up(tmp_path, "live"))
+        await until("the leftover trace to go", lambda: not (root / "gone").exists())
+        daemon.stop.set()
+        assert await asyncio.wait_for(task, 10) == 0
+
+    asyncio.run(run())
+    assert (root / "notes" / "readme.txt").read_text() == "not lamina's"
+    assert (root / "live" / "state").is_dir()

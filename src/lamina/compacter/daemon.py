@@ -47,7 +47,7 @@ from lamina.compacter.pipeline import RelationPipeline
 from lamina.compacter.settings import Settings
 from lamina.errors import CorruptionError, LaminaError
 from lamina.fs import FileSystem
-from lamina.layout import Layout
+from lamina.layout import Layout, TraceLayout
 from lamina.lock import DirLock
 from lamina.schema import RelationMeta
 from lamina.status import relation_status
@@ -57,6 +57,10 @@ if TYPE_CHECKING:
     from lamina.objstore.s3 import S3Settings
 
 log = structlog.get_logger(__name__)
+
+_TRACE_NAMES = {TraceLayout.STATE, *TraceLayout.DATA_DIRS, TraceLayout.STAGING}
+"""What a relation's trace holds at its top: a name under the trace root without any of
+these is not lamina's, and a dropped relation's cleanup leaves it alone."""
 
 
 class Daemon:
@@ -269,7 +273,8 @@ class Daemon:
             return
         for name in root.children():
             if (name not in live and not name.startswith("_")
-                    and not self.layout.wal_dir(name).exists()):
+                    and not self.layout.wal_dir(name).exists()
+                    and _TRACE_NAMES & set(root.child(name).children())):  # a trace only
                 try:
                     root.delete_prefix(name)
                 except OSError as exc:  # a cancelled job still writing, a store error
