@@ -136,14 +136,16 @@ class AppendFile:
 
 class SyncedWriter:
     """A binary file-like object for library writers (pyarrow's Parquet writer); ``close``
-    flushes, fsyncs and closes before the caller renames the file into place. Writes are
-    gathered into ``BUFFER`` bytes before they reach the OS (Parquet writers emit many small
-    pieces), and a running CRC32C of everything written makes the file's checksum free."""
+    flushes, fsyncs (unless ``sync`` is False) and closes before the caller renames the file
+    into place. Writes are gathered into ``BUFFER`` bytes before they reach the OS (Parquet
+    writers emit many small pieces), and a running CRC32C of everything written makes the
+    file's checksum free."""
 
     BUFFER = 1 << 20
 
-    def __init__(self, handle: AppendFile) -> None:
+    def __init__(self, handle: AppendFile, *, sync: bool = True) -> None:
         self._h = handle
+        self._sync = sync
         self._buf = bytearray()
         self._size = 0
         self.closed = False
@@ -183,7 +185,8 @@ class SyncedWriter:
     def close(self) -> None:
         if not self.closed:
             self._drain()
-            self._h.sync()
+            if self._sync:
+                self._h.sync()
             self._h.close()
             self.closed = True
 
@@ -352,16 +355,18 @@ class FileSystem:
         return True
 
     @contextlib.contextmanager
-    def create_synced(self, path: Path) -> Iterator[SyncedWriter]:
+    def create_synced(self, path: Path, *, sync: bool = True) -> Iterator[SyncedWriter]:
         """Yield a writer for a new file published at ``path`` when the block exits cleanly:
         the bytes go to a temp file, are fsynced, renamed into place and the directory is
-        fsynced. On an exception the temp file is removed and ``path`` is untouched."""
+        fsynced. On an exception the temp file is removed and ``path`` is untouched. With
+        ``sync=False`` the same without the fsyncs (scratch that lives for one step: the
+        rename still makes it appear whole)."""
         tmp = self.temp_path(path)
-        writer = SyncedWriter(self.open_append(tmp, create=True))
+        writer = SyncedWriter(self.open_append(tmp, create=True), sync=sync)
         try:
             yield writer
             writer.close()
-            self.rename(tmp, path)
+            self.rename(tmp, path, sync_dir=sync)
         except BaseException:
             writer._h.close()
             with contextlib.suppress(OSError):

@@ -21,7 +21,7 @@ How each operation keeps the :mod:`lamina.objstore.base` contract:
   readable after garbage collection unlinks it, so a long read pins what it opened.
 - ``writer``: ``FileSystem.create_synced``: streamed to a temp file, fsynced, renamed into
   place, the directory fsynced (no part held in memory); with ``durable=False`` the same
-  without the syncs (a step's scratch runs).
+  without the fsyncs (``create_synced(sync=False)``: a step's scratch runs).
 - ``sync``: fsync of the prefix's directory; ``sweep``: temp files (dot-named) and empty
   directories older than the cut-off.
 
@@ -41,39 +41,10 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 
 from lamina.errors import ConfigError, InvalidArgumentError, ObjectNotFoundError, StorageError
-from lamina.fs import TMP_SUFFIX, AppendFile, FileSystem, crc32c
+from lamina.fs import TMP_SUFFIX, FileSystem
 from lamina.objstore.base import ObjectMeta, ObjectStore, ObjectWriter, check_key, check_prefix
 
 _NOT_AN_OBJECT = (errno.EISDIR, errno.ENOTDIR)
-
-
-class _UnsyncedWriter:
-    """An :class:`ObjectWriter` straight to an :class:`AppendFile` (no fsync)."""
-
-    def __init__(self, handle: AppendFile) -> None:
-        self._h = handle
-        self.crc32c = 0
-        self._pos = 0
-
-    def write(self, data: bytes | memoryview) -> int:
-        view = memoryview(data).cast("B")
-        self.crc32c = crc32c(view, self.crc32c)
-        self._h.write(view)
-        self._pos += len(view)
-        return len(view)
-
-    def tell(self) -> int:
-        return self._pos
-
-    def flush(self) -> None:
-        pass
-
-    @property
-    def closed(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return True
 
 
 class LocalObjectStore(ObjectStore):
@@ -224,21 +195,8 @@ class LocalObjectStore(ObjectStore):
     def writer(self, key: str, *, durable: bool = True) -> Iterator[ObjectWriter]:
         path = self._path(key)
         self.fs.makedirs(path.parent)
-        if durable:
-            with self.fs.create_synced(path) as synced:
-                yield synced
-            return
-        tmp = self.fs.temp_path(path)
-        handle = self.fs.open_append(tmp, create=True)
-        try:
-            yield _UnsyncedWriter(handle)
-            handle.close()
-            self.fs.rename(tmp, path, sync_dir=False)
-        except BaseException:
-            handle.close()
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        with self.fs.create_synced(path, sync=durable) as out:
+            yield out
 
     def sync(self, prefix: str) -> None:
         prefix = check_prefix(prefix)
