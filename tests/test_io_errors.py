@@ -394,7 +394,7 @@ def test_daemon_retries_injected_io_errors(tmp_path: Path) -> None:
     """See the module docstring, fourth item."""
     from lamina.drill.oracle import Oracle as AckOracle
     from lamina.drill.procs import DaemonProcess, start_workload
-    from tests.compacter.scrape import scrape_after_conversions
+    from tests.compacter.scrape import scrape_after_jobs
 
     data, ack = tmp_path / "data", tmp_path / "ack.jsonl"
     assert start_workload(data, ack, seed=5, ops=150, quiet=True).wait(120) == 0
@@ -408,7 +408,7 @@ def test_daemon_retries_injected_io_errors(tmp_path: Path) -> None:
     with DaemonProcess(data, log, extra_env=env) as daemon:
         daemon.wait_ready()
         daemon.wait_caught_up("drill", oracle.upper, timeout=180)
-        text = scrape_after_conversions(daemon, 1)  # the counter trails the state a moment
+        text = scrape_after_jobs(daemon, 1)  # the counter trails the state a moment
         retries = _metric(text, "lamina_job_retries_total", kind="conversion")
         successes = _metric(text, "lamina_jobs_total", kind="conversion", outcome="success")
         daemon.signal(signal.SIGTERM)

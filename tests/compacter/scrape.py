@@ -18,19 +18,34 @@ def metric(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"{name}{labels} not in /metrics")
 
 
-def scrape_after_conversions(daemon: DaemonProcess, n: int, timeout: float = 30.0) -> str:
-    """/metrics once ``n`` successful conversions have been counted (or the timeout
-    passed). The daemon counts a conversion just after deleting its segments, so
-    /v1/relations may show the backlog gone a moment before /metrics shows the job."""
+def scrape_after_jobs(daemon: DaemonProcess, n: int, kind: str = "conversion",
+                      timeout: float = 30.0) -> str:
+    """/metrics once ``n`` successful jobs of ``kind`` (conversion, merge) have been counted
+    (or the timeout passed). The daemon counts a step just after committing it (a
+    conversion after deleting its segments), so /v1/relations may show the backlog gone a
+    moment before /metrics shows the job."""
     deadline = time.monotonic() + timeout
     while True:
         code, body = daemon.get("/metrics")
         assert code == 200, body
         text = body.decode()
-        done = metric(text, "lamina_jobs_total", kind="conversion", outcome="success")
+        done = metric(text, "lamina_jobs_total", kind=kind, outcome="success")
         if done >= n or time.monotonic() > deadline:
             return text
         time.sleep(0.2)
+
+
+def wait_some_work(daemon: DaemonProcess, relation: str, timeout: float = 90.0) -> None:
+    """Until the daemon has committed a conversion of ``relation`` (its trace upper is above
+    0), as /v1/relations reports it: a kill after this lands while the daemon works."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = [r for r in daemon.relations() if r["name"] == relation]
+        if rows and rows[0]["trace_upper"] > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no conversion of {relation} committed: "
+                         + daemon.log_path.read_text()[-3000:])
 
 
 def wait_trace_upper(daemon: DaemonProcess, relation: str, upper: int,

@@ -50,7 +50,7 @@ from lamina.layout import Layout
 from lamina.store import Store
 from lamina.trace.trace import Trace
 from lamina.wal.segment import list_segments
-from tests.compacter.scrape import metric, scrape_after_conversions
+from tests.compacter.scrape import metric, scrape_after_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -227,7 +227,7 @@ def test_backlog_four_times_the_driver_memory_converts(tmp_path: Path) -> None:
             convert_started = time.monotonic()
             daemon.wait_caught_up("big", written.upper, timeout=400)
             converted_s = time.monotonic() - convert_started
-            metrics = scrape_after_conversions(daemon, 1)
+            metrics = scrape_after_jobs(daemon, 1)
         finally:
             sampler.stop()
         daemon.signal(signal.SIGTERM)

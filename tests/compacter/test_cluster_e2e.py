@@ -29,7 +29,7 @@ from lamina.drill.procs import DaemonProcess, start_workload
 from lamina.store import Store
 from lamina.verify import verify_store
 from tests.compacter.cluster import StandaloneCluster, standalone_cluster
-from tests.compacter.scrape import metric, scrape_after_conversions
+from tests.compacter.scrape import metric, scrape_after_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -56,7 +56,7 @@ def compact_live(root: Path, master: str) -> tuple[Oracle, dict[int, pa.Table], 
         oracle = Oracle.load(ack)
         assert not oracle.in_doubt
         daemon.wait_caught_up("drill", oracle.upper, timeout=240)
-        text = scrape_after_conversions(daemon, 1)
+        text = scrape_after_jobs(daemon, 1)
         conversions = metric(text, "lamina_jobs_total", kind="conversion", outcome="success")
         assert conversions >= 1, f"{master}: nothing converted"
         merges = metric(text, "lamina_jobs_total", kind="merge", outcome="success")

@@ -17,7 +17,6 @@ directory, and no staged segment outlives its conversion.
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from lamina.drill.procs import DaemonProcess, start_workload
 from lamina.layout import TraceLayout
 from lamina.objstore.base import open_store
 from tests.compacter.cluster import can_hide_directories, standalone_cluster
-from tests.compacter.scrape import metric, scrape_after_conversions
+from tests.compacter.scrape import metric, scrape_after_jobs
 from tests.compacter.test_e2e import check_against_oracle
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -58,7 +57,8 @@ def test_cluster_with_no_shared_directory_compacts_into_s3(tmp_path: Path,
                 assert workload.wait(180) == 0
                 oracle = Oracle.load(ack)
                 daemon.wait_caught_up("drill", oracle.upper, timeout=300)
-            text = _scrape_after_merges(daemon, 1)
+            # the merge follows the second conversion's commit in the same pass
+            text = scrape_after_jobs(daemon, 1, kind="merge", timeout=60.0)
             conversions = metric(text, "lamina_jobs_total", kind="conversion",
                                  outcome="success")
             merges = metric(text, "lamina_jobs_total", kind="merge", outcome="success")
@@ -80,14 +80,3 @@ def test_cluster_with_no_shared_directory_compacts_into_s3(tmp_path: Path,
     assert not traces.list(TraceLayout.STAGING), "staged segments outlived their conversion"
     assert not list((data / "trace").glob("*/*")), "trace files under the data directory"
 
-
-def _scrape_after_merges(daemon: DaemonProcess, n: int, timeout: float = 60.0) -> str:
-    """/metrics once ``n`` merges have been counted (or the timeout passed): the merge
-    follows the second conversion's commit in the same pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = scrape_after_conversions(daemon, 2)
-        done = metric(text, "lamina_jobs_total", kind="merge", outcome="success")
-        if done >= n or time.monotonic() > deadline:
-            return text
-        time.sleep(0.3)

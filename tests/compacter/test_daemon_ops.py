@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lamina.drill.procs import DaemonProcess
 from lamina.store import Store
 from lamina.wal.segment import list_segments
-from tests.compacter.scrape import metric, scrape_after_conversions, wait_trace_upper
+from tests.compacter.scrape import metric, scrape_after_jobs, wait_trace_upper
 from tests.conftest import ORDERS, updates
 from tests.deploy.tools import promtool_check_metrics
 
@@ -100,7 +100,7 @@ def test_conversions_count_the_updates_they_read(tmp_path: Path) -> None:
     with DaemonProcess(data, tmp_path / "daemon.log") as daemon:
         daemon.wait_ready()
         wait_trace_upper(daemon, "orders", first_upper)
-        text = scrape_after_conversions(daemon, 1)
+        text = scrape_after_jobs(daemon, 1)
         converted = metric(text, "lamina_jobs_total", kind="conversion", outcome="success")
         assert converted == 1, "the backlog present at start-up is one conversion"
         assert metric(text, "lamina_job_input_rows_total",
@@ -114,7 +114,7 @@ def test_conversions_count_the_updates_they_read(tmp_path: Path) -> None:
             rel.seal(future_time + 2)
             assert list_segments(store.layout.wal_dir("orders"))[-2].finished
         wait_trace_upper(daemon, "orders", future_time + 2)
-        text = scrape_after_conversions(daemon, 2)
+        text = scrape_after_jobs(daemon, 2)
         assert metric(text, "lamina_jobs_total", kind="conversion", outcome="success") == 2
         assert metric(text, "lamina_job_input_rows_total",
                       kind="conversion") == n_past + n_future + n_late + n_future

@@ -18,6 +18,7 @@ from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
 from lamina.store import Store
 from lamina.verify import verify_store
+from tests.compacter.scrape import wait_some_work
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -68,12 +69,7 @@ def test_daemon_restart_loses_nothing(tmp_path: Path, sig: signal.Signals) -> No
     wl = run_workload(data, ack, seed=2, ops=500, pause=0.004)
     with DaemonProcess(data, tmp_path / "daemon1.log") as first:
         first.wait_ready()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until it has committed some work
-            rows = [r for r in first.relations() if r["name"] == "drill"]
-            if rows and rows[0]["trace_upper"] > 0:
-                break
-            time.sleep(0.1)
+        wait_some_work(first, "drill")
         first.signal(sig)
         code = first.wait()
         assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL)

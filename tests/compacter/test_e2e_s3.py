@@ -7,7 +7,6 @@ trace is written under the data directory."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -15,19 +14,10 @@ import pytest
 from lamina.drill.procs import DaemonProcess
 from lamina.layout import Layout
 from lamina.objstore.base import open_store
+from tests.compacter.scrape import wait_some_work
 from tests.compacter.test_e2e import check_against_oracle, run_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
-
-
-def _wait_trace_upper(daemon: DaemonProcess, above: int, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = [r for r in daemon.relations() if r["name"] == "drill"]
-        if rows and rows[0]["trace_upper"] > above:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the trace never passed {above}: {daemon.log_path.read_text()[-3000:]}")
 
 
 def test_daemon_on_an_s3_trace_survives_kill_9(tmp_path: Path, s3_bucket: str) -> None:
@@ -38,7 +28,7 @@ def test_daemon_on_an_s3_trace_survives_kill_9(tmp_path: Path, s3_bucket: str) -
     wl = run_workload(data, ack, seed=7, ops=500, pause=0.004)
     with DaemonProcess(data, tmp_path / "daemon1.log", extra_env=env) as first:
         first.wait_ready()
-        _wait_trace_upper(first, 0)
+        wait_some_work(first, "drill")
         first.signal(signal.SIGKILL)  # while it converts: puts in flight
         assert first.wait() == -signal.SIGKILL
     assert wl.wait(120) == 0

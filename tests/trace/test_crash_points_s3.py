@@ -28,18 +28,12 @@ from lamina.store import Store
 from lamina.testing.unreliable import SimulatedCrash, UnreliableStore
 from lamina.trace.state import StateStore
 from lamina.trace.trace import Trace
-from lamina.wal.reader import finished_segments
 from tests.trace import helpers
 from tests.trace.helpers import (
     NAME,
     StepBase,
-    check_snapshots,
-    check_trace,
-    data_files,
-    pending_spans,
-    recover,
 )
-from tests.trace.test_crash_points import _build
+from tests.trace.test_crash_points import _build, check_after_crash
 
 pytestmark = pytest.mark.slow
 
@@ -72,26 +66,6 @@ def _run(root: Path, step: str, crash_at: int | None) -> list[tuple[str, str]]:
         return [(op, key) for op, key in unreliable.mutations]
 
 
-def _check_after_crash(base: StepBase, root: Path, newest: int, what: str) -> None:
-    with Store.open(root, fsync="never") as store:
-        rel = store.relation(NAME)
-        traces, wal_dir = store.layout.trace_store(NAME), rel.wal_dir
-        state = check_trace(traces, rel.meta)
-        version = 0 if state is None else state.version
-        assert base.version <= version <= newest, f"{what}: state version {version}"
-        check_snapshots(rel, base.oracle)
-        trace = recover(traces, wal_dir, rel.meta)
-        state = check_trace(traces, rel.meta)
-        assert state is not None
-        assert state == trace.state
-        check_snapshots(rel, base.oracle)
-        assert not pending_spans(trace, wal_dir), f"{what}: unconverted segments"
-        assert all(s.seq > state.converted_through for s in finished_segments(wal_dir)), \
-            f"{what}: converted segments left"
-        assert data_files(traces) == state.files(), f"{what}: garbage left"
-        assert StateStore(traces).versions() == [state.version]
-
-
 @pytest.mark.parametrize("step", ["convert", "merge", "gc"])
 def test_crash_between_any_two_object_writes(tmp_path: Path, s3_bucket: str,
                                              step: str) -> None:
@@ -109,5 +83,5 @@ def test_crash_between_any_two_object_writes(tmp_path: Path, s3_bucket: str,
         work = tmp_path / f"k{k}"
         _copy(base, s3_bucket, work)
         _run(work, step, k)
-        _check_after_crash(base, work, newest, f"{step}, crash before {mutations[k - 1]}")
+        check_after_crash(base, work, newest, f"{step}, crash before {mutations[k - 1]}")
         shutil.rmtree(work)
