@@ -115,8 +115,11 @@ def _start(args: list[str], env: dict[str, str], log: Path, hide: Path | None = 
 def can_hide_directories() -> bool:
     """Whether this process may start children in a mount namespace of their own
     (``unshare --mount``: root, or a kernel and container that allow it)."""
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                           capture_output=True, check=False)
+    try:
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                               capture_output=True, check=False)
+    except FileNotFoundError:  # no util-linux (.ci/run installs it)
+        return False
     return probe.returncode == 0
 
 

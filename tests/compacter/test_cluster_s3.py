@@ -16,6 +16,7 @@ directory, and no staged segment outlives its conversion.
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -34,11 +35,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 APP = "lamina-compacter"
 
 
-@pytest.mark.skipif(not can_hide_directories(),
-                    reason="needs unshare --mount (root) to hide the data directory from the "
-                           "worker")
 def test_cluster_with_no_shared_directory_compacts_into_s3(tmp_path: Path,
                                                             s3_bucket: str) -> None:
+    if not can_hide_directories():
+        message = "needs unshare --mount (util-linux, as root) to hide a directory"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; CI runs as root with util-linux installed")
+        pytest.skip(message)
     daemon_side = tmp_path / "daemon-machine"
     daemon_side.mkdir()
     data, ack = daemon_side / "data", daemon_side / "ack.jsonl"
