@@ -47,7 +47,8 @@ TARGETS = {"throughput": (">=", 3.0), "end_bytes": ("<=", 0.6), "read_latest": (
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:peers -->", "<!-- /bench:peers -->"
 ROOT = Path(__file__).resolve().parents[1]
-LABELS = {"lamina": "lamina", "delta": "Delta durable", "delta-nofsync": "Delta, no fsync",
+LABELS = {"lamina": "lamina", "lamina-default": "lamina, 8 versions kept (default)",
+          "delta": "Delta durable", "delta-nofsync": "Delta, no fsync",
           "delta-merge": "Delta MERGE (keyed)"}
 
 

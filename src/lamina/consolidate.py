@@ -32,6 +32,7 @@ snapshots.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -203,10 +204,89 @@ def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | No
     starts = np.flatnonzero(starts_mask)
     sums = np.add.reduceat(diffs, starts)
     keep = sums != 0
-    rows = table.take(starts[keep])
+    if len(starts) == n and keep.all():
+        rows = table  # nothing to sum or drop (common when merging consolidated runs)
+    else:  # a mask of the kept run starts: filtering is cheaper than taking by index
+        starts_mask[starts[~keep]] = False
+        rows = table.filter(pa.array(starts_mask))
     return pa.Table.from_arrays(  # fields as consolidate() makes them (nullable, no metadata)
         [pa.array(sums[keep]) if name == DIFF else rows.column(name)
          for name in table.column_names], names=table.column_names)
+
+
+def _splittable(t: pa.DataType) -> bool:
+    """Whether ``<`` on values of ``t`` is the total order :func:`sort` sorts by (so a
+    sorted column can be cut at a value): not floats (NaN), not nested types."""
+    return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+            or pa.types.is_temporal(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t))
+
+
+def _cuts(run: pa.Table, column: str, bounds: Sequence[pa.Scalar]) -> list[int]:
+    """Where each bound falls in ``run``, sorted by ``column`` with nulls first: the number
+    of rows whose value is null or below the bound."""
+    col = run.column(column)
+    nulls = col.null_count
+    return [nulls + int(pc.sum(pc.less(col, b)).as_py() or 0) for b in bounds]
+
+
+def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
+               row_columns: Sequence[str], sort_columns: Sequence[str], *,
+               workers: int = 1, min_rows_per_worker: int = 500_000) -> pa.Table | None:
+    """Consolidate ``runs`` (each sorted by ``sort_columns``, nulls first, with ``_diff``)
+    and ``unsorted`` tables of the same columns: the rows :func:`consolidate` gives over
+    all of them, in ``sort_columns`` order, or None where :func:`sum_adjacent` declines.
+
+    Each run is summed run by run, the pieces are merged by one sort (fast on presorted
+    runs) and summed again. With ``workers > 1`` and enough rows the key space is cut into
+    ``workers`` ranges of the first sort column (its values at the quantiles of the
+    largest run), and each range is merged on its own thread: rows equal in every row
+    column share that value, so no run of equal rows straddles two ranges, and the ranges'
+    results concatenated in order are sorted. (Arrow's sort is single-threaded.)"""
+    pieces = [t for t in runs if t.num_rows]
+    loose_rows = [t for t in unsorted if t.num_rows]
+    if loose_rows:
+        pieces.append(sort(pa.concat_tables(loose_rows), sort_columns))
+    if not pieces or any(pa.types.is_floating(pieces[0].schema.field(c).type)
+                         for c in row_columns):
+        return None
+    total = sum(t.num_rows for t in pieces)
+    workers = min(workers, total // max(1, min_rows_per_worker))
+    bounds: list[pa.Scalar] = []
+    cuts = [[0, t.num_rows] for t in pieces]  # per piece, where each range starts and ends
+    if workers > 1 and sort_columns and _splittable(pieces[0].schema.field(sort_columns[0]).type):
+        first = sort_columns[0]
+        largest = max(pieces, key=lambda t: t.num_rows).column(first)
+        valid = len(largest) - largest.null_count
+        for j in range(1, workers if valid else 1):  # ascending (a sorted run), no repeats
+            b = largest[largest.null_count + valid * j // workers]
+            if b.is_valid and (not bounds or b.as_py() != bounds[-1].as_py()):
+                bounds.append(b)
+        cuts = [[0, *_cuts(t, first, bounds), t.num_rows] for t in pieces]
+
+    def merge(i: int) -> pa.Table | None:
+        summed = []
+        for t, c in zip(pieces, cuts, strict=True):
+            if c[i + 1] > c[i]:
+                s = sum_adjacent(t.slice(c[i], c[i + 1] - c[i]), row_columns)
+                if s is None:
+                    return None
+                summed.append(s)
+        if not summed:
+            return pa.Table.from_arrays([c.slice(0, 0) for c in pieces[0].columns],
+                                        names=pieces[0].column_names)
+        table = summed[0] if len(summed) == 1 else sort(pa.concat_tables(summed), sort_columns)
+        return sum_adjacent(table, row_columns)
+
+    ranges = range(len(bounds) + 1)
+    if len(ranges) == 1:
+        results = [merge(0)]
+    else:
+        with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="merge") as pool:
+            results = list(pool.map(merge, ranges))
+    if any(r is None for r in results):
+        return None
+    return pa.concat_tables([r for r in results if r is not None])
 
 
 def sort(table: pa.Table, order: Sequence[str]) -> pa.Table:

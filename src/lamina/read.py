@@ -23,7 +23,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lamina.consolidate import consolidate, sort, sum_adjacent
+from lamina.consolidate import consolidate, merge_runs
 from lamina.errors import AsOfOutOfRangeError, InvalidArgumentError, StorageError
 from lamina.frontier import as_time, fmt
 from lamina.layout import Layout
@@ -121,9 +121,9 @@ def snapshot(layout: Layout, meta: RelationMeta, as_of: int, *, upper: int,
     (:func:`lamina.consolidate.sum_adjacent`: neighbour comparisons, no hashing), which
     usually leaves about one row per distinct row and part; those sorted runs (and the WAL
     tail) are then merged by one sort, which Arrow does fast on presorted runs, and summed
-    run by run again. Where ``sum_adjacent`` declines (float row columns, sums that could
-    leave int64) :func:`lamina.consolidate.consolidate` hashes instead; the rows are the
-    same either way.
+    run by run again, one key range per core (:func:`lamina.consolidate.merge_runs`).
+    Where ``sum_adjacent`` declines (float row columns, sums that could leave int64)
+    :func:`lamina.consolidate.consolidate` hashes instead; the rows are the same either way.
 
     A row whose exact sum at ``as_of`` lies outside int64 (batches may keep such a sum as
     a carry) raises DiffOverflowError naming it; the error's ``rest`` is this snapshot
@@ -131,19 +131,12 @@ def snapshot(layout: Layout, meta: RelationMeta, as_of: int, *, upper: int,
     rest of the relation stays readable and nothing is dropped silently."""
     as_of = check_as_of(meta.name, as_of, upper=upper, since=since)
     parts, wal = _stored(layout, meta, as_of)  # only times at or before as_of
-    tables = []
-    adjacent = True
-    for t in parts:
-        rows = loose(t.drop_columns([TIME]))
-        summed = sum_adjacent(rows, meta.row_columns)
-        adjacent = adjacent and summed is not None
-        tables.append(rows if summed is None else summed)
-    tables.extend(loose(t.drop_columns([TIME])) for t in wal)
-    table = pa.concat_tables(tables) if tables else \
+    runs = [loose(t.drop_columns([TIME])) for t in parts]
+    tail = [loose(t.drop_columns([TIME])) for t in wal]
+    out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=pa.cpu_count())
+    if out is not None:
+        return out
+    table = pa.concat_tables([*runs, *tail]) if runs or tail else \
         loose(meta.update_schema.empty_table().drop_columns([TIME]))
-    if adjacent:  # the parts' sums are sorted runs: sorting them is cheaper than hashing
-        out = sum_adjacent(sort(table, meta.sort_columns), meta.row_columns)
-        if out is not None:
-            return out
     return consolidate(table, meta.row_columns, meta.sort_columns,
                        context=f"snapshot of {meta.name!r} at {as_of}")

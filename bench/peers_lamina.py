@@ -1,0 +1,202 @@
+"""The lamina contender of :mod:`bench.peers_contenders`.
+
+The run creates the relation, starts ``lamina serve`` on the data directory (Spark
+``local[*]``, poll 0.2 s, GC every ``GC_INTERVAL`` s with no grace and ``KEEP_VERSIONS``
+kept trace versions: for ``lamina`` one, the same retention as Delta's
+``vacuum(retention_hours=0)``, only the current version's files are kept; for
+``lamina-default`` the daemon's default) and waits for its ``/readyz`` before the clock starts,
+so Spark's start-up is neither timed nor counted. It then appends the cell's stream
+through :class:`lamina.Store` with fsync "always" (``append`` then ``seal(i + 1)`` per
+append; ``allow_compaction(upper - lag)`` every ``M`` appends), 4 MiB WAL segments rolled
+on age after 5 s. At the end the store is closed (finishing the open segment) and the run
+waits until the trace has caught up (``trace_upper == sealed_upper``, as ``lamina status
+--json`` shows it) and two GC rounds passed; the daemon's process tree gives the
+maintenance CPU seconds and bytes written, its start-up excluded. Reads open the store
+with fsync "never" and call ``Relation.snapshot``.
+
+For recovery, :func:`lamina_writer` appends on (each append at time ``upper``, sealed to
+``upper + 1``) and :func:`lamina_recover` reopens the store and reads the latest snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bench.peers_measure import DiskSampler, disk, latencies, proc_io, timed_median, tree_usage
+from bench.peers_stream import KEY, ROWS, SCHEMA, Cell, appends, checksum
+
+SEGMENT_BYTES = 4 << 20
+SEGMENT_MAX_AGE = 5.0
+GC_INTERVAL = 2.0
+KEEP_VERSIONS = {"lamina": 1, "lamina-default": 8}
+"""Trace versions the daemon's GC keeps (``LAMINA_KEEP_VERSIONS``), per contender. With no
+grace and one version only the current version's files stay, as with Delta's
+zero-retention vacuum (``lamina``, the one held against the targets); ``lamina-default``
+keeps the daemon's default 8, which readers of older states rely on, to show what that
+retention costs on disk."""
+RELATION = "peers"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _open_store(data: Path, fsync: str) -> Any:
+    import inspect
+
+    from lamina import Store
+
+    kw: dict[str, Any] = {"fsync": fsync, "segment_bytes": SEGMENT_BYTES}
+    if "segment_max_age_seconds" in inspect.signature(Store.open).parameters:
+        kw["segment_max_age_seconds"] = SEGMENT_MAX_AGE
+    return Store.open(data, **kw)
+
+
+def _start_daemon(data: Path, log: Path, keep_versions: int) -> subprocess.Popen[bytes]:
+    port = _free_port()
+    env = {**os.environ, "LAMINA_LOG_FORMAT": "json", "LAMINA_POLL_INTERVAL": "0.2",
+           "LAMINA_GC_INTERVAL_SECONDS": str(GC_INTERVAL), "LAMINA_GC_GRACE_SECONDS": "0",
+           "LAMINA_KEEP_VERSIONS": str(keep_versions),
+           "LAMINA_SHUTDOWN_GRACE_SECONDS": "0", "SPARK_LOCAL_IP": "127.0.0.1"}
+    lamina = Path(sys.executable).with_name("lamina")
+    with log.open("wb") as err:
+        proc = subprocess.Popen([str(lamina), "serve", "--data-dir", str(data), "--spark-master",
+                                 "local[*]", "--http", f"127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(urllib.error.URLError, OSError), \
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+            if resp.status == 200:
+                return proc
+        time.sleep(0.1)
+    _stop_daemon(proc)
+    raise RuntimeError(f"lamina serve did not become ready; see {log}")
+
+
+def _stop_daemon(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _lamina_rows(table: pa.Table) -> pa.Table:
+    return table.select([*ROWS, "_diff"]).rename_columns([*ROWS, "count"])
+
+
+def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int,
+               keep_versions: int) -> dict[str, Any]:
+    """One run: ingest, catch up, measure (``every``: ``M``; ``behind``: the lag)."""
+    from lamina.layout import Layout
+    from lamina.status import relation_status
+
+    data = work / "data"
+    with _open_store(data, "always") as store:
+        store.create_relation(RELATION, SCHEMA, key=KEY)
+    daemon = _start_daemon(data, work / "daemon.log", keep_versions)
+    out: dict[str, Any] = {"keep_versions": keep_versions}
+    try:
+        base = tree_usage(daemon.pid)
+        lat: list[float] = []
+        io0 = proc_io()["write_bytes"]
+        with DiskSampler(data) as sampler:
+            started = time.perf_counter()
+            with _open_store(data, "always") as store:
+                rel = store.relation(RELATION)
+                for i, table in enumerate(appends(cell)):
+                    t0 = time.perf_counter()
+                    rel.append(table)
+                    rel.seal(i + 1)
+                    lat.append(time.perf_counter() - t0)
+                    if (i + 1) % every == 0 and i + 1 > behind:
+                        rel.allow_compaction(i + 1 - behind)
+                    if time.perf_counter() - started > budget:
+                        out["finished"] = False
+                        break
+                upper = rel.upper
+                since = rel.since
+            ingest = time.perf_counter() - started
+            append_written = proc_io()["write_bytes"] - io0
+            deadline = time.monotonic() + 600
+            status = relation_status(Layout(data), RELATION)
+            while status["trace_upper"] != status["sealed_upper"] and \
+                    time.monotonic() < deadline and daemon.poll() is None:
+                time.sleep(0.2)
+                status = relation_status(Layout(data), RELATION)
+            caught_up = time.perf_counter() - started
+            time.sleep(2 * GC_INTERVAL + 0.5)  # two GC rounds after the last merge
+            used = tree_usage(daemon.pid)
+        out.update(caught_up=status["trace_upper"] == status["sealed_upper"],
+                   catch_up_seconds=round(caught_up - ingest, 3),
+                   status_at_end={k: status[k] for k in ("sealed_upper", "since",
+                                                         "trace_upper", "batches_by_level",
+                                                         "wal_segments_pending")})
+    finally:
+        _stop_daemon(daemon)
+    end_bytes, end_files = disk(data)
+    with _open_store(data, "never") as store:
+        rel = store.relation(RELATION)
+        latest_s, latest = timed_median(lambda: rel.snapshot(upper - 1))
+        old_s, _ = timed_median(lambda: rel.snapshot(since))
+        half = len(lat) // 2
+        try:
+            rel.snapshot(half)
+            travel = True
+        except Exception as exc:  # the answer is whether it answers
+            travel = False
+            out["time_travel_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    out.update(appends=len(lat), updates=cell.per_append * len(lat), upper=upper,
+               since=since, ingest_seconds=round(ingest, 3),
+               latency=latencies(lat), append_write_bytes=append_written,
+               maintenance_cpu_seconds=round(used["cpu_seconds"] - base["cpu_seconds"], 2),
+               maintenance_write_bytes=used["write_bytes"] - base["write_bytes"],
+               peak_bytes=sampler.peak_bytes, peak_files=sampler.peak_files,
+               end_bytes=end_bytes, end_files=end_files,
+               read_latest_seconds=round(latest_s, 4), read_old_seconds=round(old_s, 4),
+               time_travel_half={"as_of": half, "answers": travel},
+               checksum=checksum(_lamina_rows(latest)), rows=latest.num_rows)
+    out.setdefault("finished", True)
+    return out
+
+
+def lamina_writer(cell: Cell, work: Path) -> int:
+    """Append on after the run, printing ``acked <upper>`` once each append is durable."""
+    store = _open_store(work / "data", "always")
+    rel = store.relation(RELATION)
+    upper = rel.upper
+    for table in appends(cell):
+        rel.append(table.set_column(2, "_time", pa.array(np.full(table.num_rows, upper,
+                                                                 np.uint64))))
+        upper += 1
+        rel.seal(upper)
+        print(f"acked {upper}", flush=True)
+    return 0
+
+
+def lamina_recover(work: Path) -> tuple[int, int]:
+    """Reopen after the writer was killed: the recovered upper and the latest rows."""
+    with _open_store(work / "data", "never") as store:
+        rel = store.relation(RELATION)
+        recovered = rel.upper
+        rows = rel.snapshot(recovered - 1).num_rows
+    return recovered, rows
