@@ -41,7 +41,7 @@ from bench.peers_measure import (
     fsync_path,
     latencies,
     proc_io,
-    timed_median,
+    timed_reads,
 )
 from bench.peers_stream import ROWS, Cell, appends, checksum
 
@@ -207,11 +207,11 @@ def run_delta(cell: Cell, work: Path, budget: float, mode: str, *, every: int,
         _delta_maintain(dt, sync, None if merge else since, keep)
         ingest = time.perf_counter() - started
     end_bytes, end_files = disk(path)
-    latest_s, latest = timed_median(lambda: delta_read(path, merge, None))
+    first_s, latest_s, latest = timed_reads(lambda: delta_read(path, merge, None))
     if merge:
         old_s = None
     else:
-        old_s, _ = timed_median(lambda: delta_read(path, merge, since))
+        _, old_s, _ = timed_reads(lambda: delta_read(path, merge, since))
     half = len(lat) // 2
     try:
         delta_read(path, merge, None if merge else half, version=versions[half - 1])
@@ -228,6 +228,7 @@ def run_delta(cell: Cell, work: Path, budget: float, mode: str, *, every: int,
                peak_bytes=sampler.peak_bytes, peak_files=sampler.peak_files,
                end_bytes=end_bytes, end_files=end_files,
                read_latest_seconds=round(latest_s, 4),
+               read_latest_first_seconds=round(first_s, 4),
                read_old_seconds=None if old_s is None else round(old_s, 4),
                time_travel_half={"version": versions[half - 1], "answers": travel},
                checksum=checksum(latest), rows=latest.num_rows)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bench.peers_measure import DiskSampler, disk, latencies, proc_io, timed_median, tree_usage
+from bench.peers_measure import DiskSampler, disk, latencies, proc_io, timed_reads, tree_usage
 from bench.peers_stream import KEY, ROWS, SCHEMA, Cell, appends, checksum
 
 SEGMENT_BYTES = 4 << 20
@@ -90,7 +90,18 @@ def _start_daemon(data: Path, log: Path, keep_versions: int) -> subprocess.Popen
     raise RuntimeError(f"lamina serve did not become ready; see {log}")
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _stop_daemon(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the daemon's process group and wait until every process in it is gone:
+    the daemon, and also Spark's JVM and Python workers, which may outlive it by seconds
+    of shutdown work that would otherwise compete with the reads measured next."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -98,6 +109,11 @@ def _stop_daemon(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    deadline = time.monotonic() + 30
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _lamina_rows(table: pa.Table) -> pa.Table:
@@ -156,8 +172,8 @@ def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int
     end_bytes, end_files = disk(data)
     with _open_store(data, "never") as store:
         rel = store.relation(RELATION)
-        latest_s, latest = timed_median(lambda: rel.snapshot(upper - 1))
-        old_s, _ = timed_median(lambda: rel.snapshot(since))
+        first_s, latest_s, latest = timed_reads(lambda: rel.snapshot(upper - 1))
+        _, old_s, _ = timed_reads(lambda: rel.snapshot(since))
         half = len(lat) // 2
         try:
             rel.snapshot(half)
@@ -173,6 +189,7 @@ def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int
                peak_bytes=sampler.peak_bytes, peak_files=sampler.peak_files,
                end_bytes=end_bytes, end_files=end_files,
                read_latest_seconds=round(latest_s, 4), read_old_seconds=round(old_s, 4),
+               read_latest_first_seconds=round(first_s, 4),
                time_travel_half={"as_of": half, "answers": travel},
                checksum=checksum(_lamina_rows(latest)), rows=latest.num_rows)
     out.setdefault("finished", True)

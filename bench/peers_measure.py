@@ -9,7 +9,9 @@
 - :func:`fsync_path`: fsync of a file or directory by path.
 - :func:`latencies`: p50, p99 and max of per-append latencies, and their growth (median
   of the last tenth over the first tenth).
-- :func:`timed_median`: the median wall time of ``READS`` calls, and the last answer.
+- :func:`timed_reads`: a read's first call in the process (cold: the allocator has not
+  grown yet, code paths are cold), timed apart, then the median wall time of ``READS``
+  more calls, and the last answer.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 import numpy as np
 import psutil
 
-READS = 3
-"""How many times each timed read is repeated (its median is reported)."""
+READS = 5
+"""How many times each read is repeated after its first call (their median is reported;
+five, because single reads on this shared two-core machine vary by 2x and more)."""
 
 
 def proc_io(pid: int | str = "self") -> dict[str, int]:
@@ -113,10 +116,16 @@ def latencies(values: list[float]) -> dict[str, float]:
             "growth": round(last / first, 3) if first > 0 else 0.0}
 
 
-def timed_median(fn: Callable[[], Any]) -> tuple[float, Any]:
-    times, out = [], None
+def timed_reads(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """``fn``'s first call's wall time, the median of ``READS`` more, and the last answer.
+    The first call pays for the process's first large allocations (page faults while
+    the allocator grows) and cold code paths; the median is a warm process's read."""
+    started = time.perf_counter()
+    out = fn()
+    first = time.perf_counter() - started
+    times = []
     for _ in range(READS):
         started = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - started)
-    return float(np.median(times)), out
+    return first, float(np.median(times)), out

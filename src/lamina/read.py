@@ -90,14 +90,23 @@ def pin(layout: Layout, meta: RelationMeta, lo: int, hi: int, *,
                        "garbage collection running with a zero grace period?")
 
 
-def _stored(layout: Layout, meta: RelationMeta, as_of: int
+def _stored(layout: Layout, meta: RelationMeta, as_of: int, *, times: bool = True
             ) -> tuple[list[pa.Table], list[pa.Table]]:
     """The relation's updates with ``_time <= as_of``: from the trace (batch and pending
-    parts, each sorted by row and time) and from the WAL tail (in append order)."""
+    parts, each sorted by row and time) and from the WAL tail (in append order); without
+    the ``_time`` column if not ``times`` (then a part that needs no time filter is read
+    without it)."""
+    untimed = [c for c in meta.update_schema.names if c != TIME]
     with pin(layout, meta, 0, as_of) as view:
-        parts = [t if whole else filter_times(t, 0, as_of)
-                 for p, whole in view.parts(0, as_of) for t in [p.file.read()]]
-        return parts, view.wal
+        parts = [p.file.read(columns=untimed) if whole and not times
+                 else filter_times(p.file.read(), 0, as_of) if not whole
+                 else p.file.read()
+                 for p, whole in view.parts(0, as_of)]
+        wal = view.wal
+    if not times:
+        parts = [t.drop_columns([TIME]) if TIME in t.column_names else t for t in parts]
+        wal = [t.drop_columns([TIME]) for t in wal]
+    return parts, wal
 
 
 def updates_at(layout: Layout, meta: RelationMeta, as_of: int) -> pa.Table:
@@ -130,9 +139,9 @@ def snapshot(layout: Layout, meta: RelationMeta, as_of: int, *, upper: int,
     without the offending rows and ``overflows`` those rows with their exact sums, so the
     rest of the relation stays readable and nothing is dropped silently."""
     as_of = check_as_of(meta.name, as_of, upper=upper, since=since)
-    parts, wal = _stored(layout, meta, as_of)  # only times at or before as_of
-    runs = [loose(t.drop_columns([TIME])) for t in parts]
-    tail = [loose(t.drop_columns([TIME])) for t in wal]
+    parts, wal = _stored(layout, meta, as_of, times=False)  # times at or before as_of
+    runs = [loose(t) for t in parts]
+    tail = [loose(t) for t in wal]
     out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=pa.cpu_count())
     if out is not None:
         return out
