@@ -130,6 +130,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["checksums"] = sorted({r["checksum"] for r in done})
     if "caught_up" in done[0]:
         out["caught_up"] = all(r["caught_up"] for r in done)
+        out["settled"] = all(r.get("settled", False) for r in done)
+        out["settle_seconds"] = [r.get("settle_seconds") for r in done]
         out["catch_up_seconds"] = [r["catch_up_seconds"] for r in done]
     out["last"] = done[-1]
     return out

@@ -11,8 +11,9 @@ and prints one JSON line (the last line of stdout). Contenders:
   rolled on age after 5 s, and ``lamina serve`` (Spark ``local[*]``, poll 0.2 s, GC every
   2 s with no grace and one kept trace version: the same retention as the zero-retention
   vacuum) compacting as it runs. At the end the store is closed (finishing the
-  open segment) and the run waits until the trace has caught up (``trace_upper ==
-  sealed_upper``, as ``lamina status --json`` shows it) and two GC rounds passed.
+  open segment) and the run waits until the daemon has settled (the trace has caught up
+  and no merge is due, as Delta's last maintenance pass has finished when its run ends)
+  and two GC rounds passed.
 - ``lamina-default``: the same with the daemon's default retention, the last 8 trace
   versions' files (what readers of older states rely on), to show what it costs on disk.
 - ``delta``: ``write_deltalake(mode="append")`` per append with the upper in the commit

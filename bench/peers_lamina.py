@@ -4,14 +4,16 @@ The run creates the relation, starts ``lamina serve`` on the data directory (Spa
 ``local[*]``, poll 0.2 s, GC every ``GC_INTERVAL`` s with no grace and ``KEEP_VERSIONS``
 kept trace versions: for ``lamina`` one, the same retention as Delta's
 ``vacuum(retention_hours=0)``, only the current version's files are kept; for
-``lamina-default`` the daemon's default) and waits for its ``/readyz`` before the clock starts,
-so Spark's start-up is neither timed nor counted. It then appends the cell's stream
+``lamina-default`` the daemon's default) and waits for its ``/readyz`` before the clock
+starts, so Spark's start-up is neither timed nor counted. It then appends the cell's stream
 through :class:`lamina.Store` with fsync "always" (``append`` then ``seal(i + 1)`` per
 append; ``allow_compaction(upper - lag)`` every ``M`` appends), 4 MiB WAL segments rolled
 on age after 5 s. At the end the store is closed (finishing the open segment) and the run
-waits until the trace has caught up (``trace_upper == sealed_upper``, as ``lamina status
---json`` shows it) and two GC rounds passed; the daemon's process tree gives the
-maintenance CPU seconds and bytes written, its start-up excluded. Reads open the store
+waits until the daemon has settled (the trace has caught up, ``trace_upper ==
+sealed_upper`` as ``lamina status --json`` shows it, and no merge is due: Delta's last
+maintenance pass has also finished when its run ends) and two GC rounds passed; the
+daemon's process tree gives the maintenance CPU seconds and bytes written, its start-up
+excluded. Reads open the store
 with fsync "never" and call ``Relation.snapshot``.
 
 For recovery, :func:`lamina_writer` appends on (each append at time ``upper``, sealed to
@@ -120,12 +122,27 @@ def _lamina_rows(table: pa.Table) -> pa.Table:
     return table.select([*ROWS, "_diff"]).rename_columns([*ROWS, "count"])
 
 
+def _settled(data: Path) -> tuple[bool, dict[str, Any]]:
+    """Whether the daemon has nothing left to do, and the relation's status: the trace has
+    caught up with the sealed upper and no merge is due (no two adjacent batches share a
+    level), as Delta's maintenance has finished when its run ends. Until then the bytes
+    on disk would count a merge half written and the batches it is about to replace."""
+    from lamina.layout import Layout
+    from lamina.status import relation_status
+    from lamina.trace.plan import plan_merge
+    from lamina.trace.view import current_state
+
+    layout = Layout(data)
+    status = relation_status(layout, RELATION)
+    if status["trace_upper"] != status["sealed_upper"]:
+        return False, status
+    state = current_state(layout, layout.read_meta(RELATION))
+    return state is not None and plan_merge(state) is None, status
+
+
 def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int,
                keep_versions: int) -> dict[str, Any]:
     """One run: ingest, catch up, measure (``every``: ``M``; ``behind``: the lag)."""
-    from lamina.layout import Layout
-    from lamina.status import relation_status
-
     data = work / "data"
     with _open_store(data, "always") as store:
         store.create_relation(RELATION, SCHEMA, key=KEY)
@@ -154,16 +171,20 @@ def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int
             ingest = time.perf_counter() - started
             append_written = proc_io()["write_bytes"] - io0
             deadline = time.monotonic() + 600
-            status = relation_status(Layout(data), RELATION)
-            while status["trace_upper"] != status["sealed_upper"] and \
-                    time.monotonic() < deadline and daemon.poll() is None:
+            caught_up = None
+            settled, status = _settled(data)
+            while not settled and time.monotonic() < deadline and daemon.poll() is None:
+                if caught_up is None and status["trace_upper"] == status["sealed_upper"]:
+                    caught_up = time.perf_counter() - started
                 time.sleep(0.2)
-                status = relation_status(Layout(data), RELATION)
-            caught_up = time.perf_counter() - started
+                settled, status = _settled(data)
+            quiet = time.perf_counter() - started
+            caught_up = quiet if caught_up is None else caught_up
             time.sleep(2 * GC_INTERVAL + 0.5)  # two GC rounds after the last merge
             used = tree_usage(daemon.pid)
-        out.update(caught_up=status["trace_upper"] == status["sealed_upper"],
+        out.update(caught_up=status["trace_upper"] == status["sealed_upper"], settled=settled,
                    catch_up_seconds=round(caught_up - ingest, 3),
+                   settle_seconds=round(quiet - ingest, 3),
                    status_at_end={k: status[k] for k in ("sealed_upper", "since",
                                                          "trace_upper", "batches_by_level",
                                                          "wal_segments_pending")})

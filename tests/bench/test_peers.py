@@ -71,6 +71,7 @@ def test_the_quick_cell_runs_end_to_end_and_passes_the_gate(tmp_path: Path) -> N
         assert s["lost_acked"]["max"] == 0, name
         assert s["end_bytes"]["median"] > 0, name
     assert cell["contenders"]["lamina"]["caught_up"]
+    assert cell["contenders"]["lamina"]["settled"]  # caught up, and no merge was due
     assert cell["contenders"]["lamina"]["last"]["keep_versions"] == 1  # vacuum's retention
     assert cell["contenders"]["lamina-default"]["last"]["keep_versions"] == 8
     assert set(cell["ratios"]) == set(peers.TARGETS)
