@@ -211,7 +211,7 @@ def table(results: Path = report.RESULTS) -> str:
         return "No results yet: run `.venv/bin/python -m bench.peers`."
     head = ["| cell | contender | updates/s | append p50 / p99 / max ms (growth) | "
             "maintenance CPU s / MiB written | MiB on disk end (peak) | files end | "
-            "latest read s (first in process) | read at since s | half-run time travel | "
+            "latest read s; first in process | read at since s | half-run time travel | "
             "recovery s |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows, ratio_rows, foot = [], [], []
@@ -235,8 +235,8 @@ def table(results: Path = report.RESULTS) -> str:
                 f"{s['maintenance_cpu_seconds']['median']:.1f} / "
                 f"{_mib(s['maintenance_write_bytes']['median'])} | "
                 f"{_mib(s['end_bytes']['median'])} ({_mib(s['peak_bytes']['median'])}) | "
-                f"{s['end_files']['median']:.0f} | {_fig(s, 'read_latest', '{:.3f}')} "
-                f"({first}) | "
+                f"{s['end_files']['median']:.0f} | {_fig(s, 'read_latest', '{:.3f}')}; "
+                f"first {first} | "
                 f"{old} | {'yes' if s['time_travel_half_answers'] else 'no'} | "
                 f"{s['recovery_seconds']['median']:.3f} |")
         for fig, r in cell["ratios"].items():
