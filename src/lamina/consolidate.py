@@ -275,8 +275,9 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
         if not summed:
             return pa.Table.from_arrays([c.slice(0, 0) for c in pieces[0].columns],
                                         names=pieces[0].column_names)
-        table = summed[0] if len(summed) == 1 else sort(pa.concat_tables(summed), sort_columns)
-        return sum_adjacent(table, row_columns)
+        if len(summed) == 1:  # already consolidated: no two neighbours equal, no zero sums
+            return summed[0]
+        return sum_adjacent(sort(pa.concat_tables(summed), sort_columns), row_columns)
 
     ranges = range(len(bounds) + 1)
     if len(ranges) == 1:

@@ -97,15 +97,15 @@ def _stored(layout: Layout, meta: RelationMeta, as_of: int, *, times: bool = Tru
     the ``_time`` column if not ``times`` (then a part that needs no time filter is read
     without it)."""
     untimed = [c for c in meta.update_schema.names if c != TIME]
+    parts = []
     with pin(layout, meta, 0, as_of) as view:
-        parts = [p.file.read(columns=untimed) if whole and not times
-                 else filter_times(p.file.read(), 0, as_of) if not whole
-                 else p.file.read()
-                 for p, whole in view.parts(0, as_of)]
-        wal = view.wal
-    if not times:
-        parts = [t.drop_columns([TIME]) if TIME in t.column_names else t for t in parts]
-        wal = [t.drop_columns([TIME]) for t in wal]
+        for p, whole in view.parts(0, as_of):
+            if whole:
+                parts.append(p.file.read(columns=None if times else untimed))
+                continue
+            kept = filter_times(p.file.read(), 0, as_of)
+            parts.append(kept if times else kept.drop_columns([TIME]))
+        wal = view.wal if times else [t.drop_columns([TIME]) for t in view.wal]
     return parts, wal
 
 
