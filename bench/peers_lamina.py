@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import pyarrow as pa
 
 from bench.peers_measure import DiskSampler, disk, latencies, proc_io, timed_reads, tree_usage
 from bench.peers_stream import KEY, ROWS, SCHEMA, Cell, appends, checksum
+from bench.procs import stop_group
 
 SEGMENT_BYTES = 4 << 20
 SEGMENT_MAX_AGE = 5.0
@@ -88,34 +88,8 @@ def _start_daemon(data: Path, log: Path, keep_versions: int) -> subprocess.Popen
             if resp.status == 200:
                 return proc
         time.sleep(0.1)
-    _stop_daemon(proc)
+    stop_group(proc, 60)
     raise RuntimeError(f"lamina serve did not become ready; see {log}")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop_daemon(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the daemon's process group and wait until every process in it is gone:
-    the daemon, and also Spark's JVM and Python workers, which may outlive it by seconds
-    of shutdown work that would otherwise compete with the reads measured next."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    deadline = time.monotonic() + 30
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _group_alive(proc.pid):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _lamina_rows(table: pa.Table) -> pa.Table:
@@ -189,7 +163,7 @@ def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int
                                                          "trace_upper", "batches_by_level",
                                                          "wal_segments_pending")})
     finally:
-        _stop_daemon(daemon)
+        stop_group(daemon, 60)
     end_bytes, end_files = disk(data)
     with _open_store(data, "never") as store:
         rel = store.relation(RELATION)

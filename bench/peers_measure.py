@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import psutil
+
+from bench.procs import Sampler
 
 READS = 5
 """How many times each read is repeated after its first call (their median is reported;
@@ -69,30 +70,21 @@ def disk(path: Path) -> tuple[int, int]:
     return total, files
 
 
-class DiskSampler:
-    """The peak of :func:`disk` while it runs, sampled every 0.25 s."""
+class DiskSampler(Sampler):
+    """The peak of :func:`disk` while it runs, sampled every 0.25 s and once more at the
+    end."""
 
     def __init__(self, path: Path) -> None:
+        super().__init__(0.25)
         self.path = path
         self.peak_bytes = self.peak_files = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def sample(self) -> None:
         b, f = disk(self.path)
         self.peak_bytes, self.peak_files = max(self.peak_bytes, b), max(self.peak_files, f)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(0.25):
-            self.sample()
-
-    def __enter__(self) -> DiskSampler:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         self.sample()
 
 

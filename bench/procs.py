@@ -11,14 +11,19 @@ machine's load (other processes) hits all of them alike.
 While a child works, :class:`MemorySampler` samples its process tree every 50 ms with
 psutil: the child itself (the driver: daemon-side Python), Java processes (the Spark JVM:
 driver and, in local mode, executors) and other Python processes (PySpark workers), and
-keeps each one's peak resident set size (RSS) and the peak of their sum.
+keeps each one's peak resident set size (RSS) and the peak of their sum (:class:`Sampler`
+is the background loop it shares with bench.peers_measure's disk sampler).
+:func:`stop_group` stops a daemon started in a session of its own and waits until its
+whole process group (Spark's JVM included) is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 import psutil
 
@@ -34,23 +39,39 @@ PROTOCOL = "RESULT "
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class MemorySampler:
-    """Peak RSS of a process tree by role, sampled in a background thread."""
+class Sampler:
+    """Calls :meth:`sample` on a background thread every ``interval`` seconds (first at
+    once) from the start of a ``with`` block to its end; subclasses keep their peaks."""
 
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
-        self.pid = pid
+    def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.peaks: dict[str, int] = {"driver": 0, "jvm": 0, "python_workers": 0, "total": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> MemorySampler:
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+
+class MemorySampler(Sampler):
+    """Peak RSS of a process tree by role, sampled in a background thread."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        super().__init__(interval)
+        self.pid = pid
+        self.peaks: dict[str, int] = {"driver": 0, "jvm": 0, "python_workers": 0, "total": 0}
 
     def sample(self) -> None:
         try:
@@ -71,10 +92,33 @@ class MemorySampler:
             self.peaks[role] = max(self.peaks[role], value)
         self.peaks["total"] = max(self.peaks["total"], sum(now.values()))
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM the process group that ``proc`` leads (started with
+    ``start_new_session=True``), SIGKILL it if ``proc`` has not exited within ``timeout``
+    seconds, then wait until every process of the group is gone: a daemon's Spark JVM and
+    Python workers outlive it by seconds of shutdown work, which would otherwise compete
+    with whatever is measured next."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class Child:

@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -45,7 +44,7 @@ import pyarrow.parquet as pq
 
 from bench import report
 from bench.dataset import CACHE, SCHEMA, merge_input
-from bench.procs import median
+from bench.procs import median, stop_group
 from lamina import Store
 from lamina.fs import FileSystem
 from lamina.layout import Layout, TraceLayout
@@ -184,13 +183,7 @@ def start_to_ready(source: Path, work: Path) -> dict[str, Any]:
                         ready = time.monotonic() - started
                 time.sleep(0.02)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc, 120)
     if ready is None:
         raise RuntimeError(f"the daemon did not become ready; see {log}")
     times = _log_times(log)
