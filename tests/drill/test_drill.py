@@ -466,3 +466,22 @@ def test_drill_with_the_trace_on_s3(tmp_path: Path, s3_bucket: str) -> None:
     keys = [o.key for o in open_store(url).list("")]
     assert any(k.startswith("drill/state/") for k in keys), keys[:20]
     assert not list((tmp_path / "data" / "trace").glob("*/*"))
+
+
+def test_every_coordinator_lives_once_when_the_daemon_is_ready_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no kills, a daemon that is ready before the coordinator threads first run
+    (the race CI once hit) still leaves every coordinator one clean life to check."""
+    from lamina.drill import driver
+
+    monkeypatch.setattr(driver, "DaemonProcess", FakeDaemon)
+    work = tmp_path / "data.drill"
+    work.mkdir()
+    drill = driver.Drill(tmp_path / "data", work, kills=0, seed=12, daemon_share=0,
+                         coordinators=2)
+    drill._daemon_done.set()  # the daemon loop won the race
+    report = drill.run()
+    assert report.violations == []
+    assert report.coordinator_lives == 2
+    assert report.clean_coordinator_lives == 2
+    assert report.acknowledged_ops > 0

@@ -278,7 +278,9 @@ class Drill:
                 while True:
                     self._check_time()
                     killing = self.coordinator_kills < self.coordinator_quota
-                    if not killing and self._daemon_done.is_set():
+                    # every coordinator lives at least once, even when the daemon is
+                    # ready before this thread first runs (--kills 0 with a fast daemon)
+                    if not killing and self._daemon_done.is_set() and c.lives > 0:
                         return
                     c.lives += 1
                     self._coordinator_life(c, killing, log)
