@@ -20,9 +20,11 @@ task, filtered to ``_time <= as_of`` as they read), so Spark needs no Hadoop S3 
 and the executors take S3 credentials from their environment.
 
 The DataFrame is lazy: it reads the files named by the trace state current when it was
-made. The compacter deletes files that no kept state names once they are older than its
-``gc_grace_seconds`` (default 600 s): evaluate (or ``cache()`` and count) the DataFrame
-within that time, or call ``read_snapshot`` again.
+made. The compacter's GC keeps them while it keeps that state: by default until 8 newer
+states exist (``keep_versions``; on a busy relation, seconds), and for
+``keep_versions_seconds`` after it was superseded if that is set. Evaluate (or ``cache()``
+and count) the DataFrame right away, or set ``keep_versions_seconds`` above the time you
+need, or call ``read_snapshot`` again (docs/operations.md, "Retention").
 
 Row order and values equal ``snapshot``'s for every supported type except float row
 columns holding NaN, which Spark orders last and Arrow first.

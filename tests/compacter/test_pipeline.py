@@ -21,6 +21,7 @@ from lamina.compacter.pipeline import RelationPipeline
 from lamina.compacter.step.driver import ConversionResult
 from lamina.layout import Layout
 from lamina.trace import reference
+from lamina.trace.invariants import check_data
 from lamina.trace.plan import ConversionPlan, plan_conversion, plan_merge
 from lamina.trace.trace import Trace
 from lamina.wal.reader import finished_segments
@@ -130,6 +131,22 @@ def test_backoff_doubles_up_to_the_maximum(tmp_path: Path) -> None:
     delays = [e["retry_in_seconds"] for e in logs if e["event"] == "conversion.retrying"]
     assert delays[:4] == [0.1, 0.2, 0.4, 0.4]
     assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == len(delays)
+    _check(tmp_path, oracle)
+
+
+def test_gc_keeps_versions_for_keep_versions_seconds(tmp_path: Path) -> None:
+    """The daemon's GC passes ``keep_versions_seconds`` on: with one version kept by count
+    and an hour by time, every version the run superseded stays readable."""
+    oracle = backlog(tmp_path, rounds=16)
+    pipe = pipeline(tmp_path, max_segments_per_job=2, gc_interval_seconds=0.01,
+                    gc_grace_seconds=0, keep_versions=1, keep_versions_seconds=3600)
+    asyncio.run(_run_until(pipe, lambda: _caught_up(pipe)() and _merged(pipe) and sample(
+        pipe.metrics, "lamina_jobs_total", kind="gc", outcome="success") >= 2))
+    assert pipe.trace is not None
+    states = pipe.trace.states
+    assert len(states.versions()) == pipe.trace.state.version > 4
+    for v in states.versions():
+        check_data(pipe.trace.store, states.load(v), pipe.meta)
     _check(tmp_path, oracle)
 
 

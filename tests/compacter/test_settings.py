@@ -1,6 +1,7 @@
-"""The driver memory setting is checked at start-up: a value Spark would refuse (below its
+"""Settings checked at start-up. The driver memory: a value Spark would refuse (below its
 450 MiB minimum) or the JVM would misread (``512mb``, a bare number) fails with exit code 2
-before any JVM starts, naming the key."""
+before any JVM starts, naming the key. Retention by time: from the environment, never
+negative."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_serve_refuses_a_driver_memory_spark_cannot_start_with(tmp_path: Path) -
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "spark_driver_memory" in proc.stderr
     assert "at least 450m" in proc.stderr
+
+
+def test_keep_versions_seconds_from_the_environment() -> None:
+    """Retention by time: off by default, set from the environment, never negative."""
+    assert load_settings(env={}).keep_versions_seconds == 0
+    settings = load_settings(env={"LAMINA_KEEP_VERSIONS_SECONDS": "600",
+                                  "LAMINA_KEEP_VERSIONS": "1"})
+    assert (settings.keep_versions, settings.keep_versions_seconds) == (1, 600.0)
+    with pytest.raises(ConfigError, match="keep_versions_seconds"):
+        load_settings(env={"LAMINA_KEEP_VERSIONS_SECONDS": "-1"})

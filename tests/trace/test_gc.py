@@ -1,7 +1,8 @@
 """Garbage collection and segment deletion (lamina.trace.trace): files no kept state
 version names are deleted only after the grace period; files a kept version names are
 never deleted, so readers of any kept version can still read it; only the newest
-``keep_versions`` versions stay; converted segments (and only those) are deleted."""
+``keep_versions`` versions stay, and those superseded within ``keep_versions_seconds``;
+converted segments (and only those) are deleted."""
 
 from __future__ import annotations
 
@@ -129,6 +130,55 @@ def test_kept_versions_stay_readable(setup: tuple[Relation, Oracle, Trace],
     for v in kept:
         check_data(trace.store, states.load(v), rel.meta)
     assert data_files(trace.store) == named_files(trace.store)
+    check_snapshots(rel, oracle)
+
+
+def test_recently_superseded_versions_stay_until_their_time_is_up(
+        setup: tuple[Relation, Oracle, Trace]) -> None:
+    """``keep_versions_seconds``: every version superseded within the window stays with
+    its files (a reader that loaded it can finish) even beyond ``keep_versions``; once the
+    relation has been idle longer than the window, only the newest version and its files
+    remain, on a directory and on S3 (the mtimes come from the store's listing)."""
+    rel, oracle, trace = setup
+    states = StateStore(trace.store)
+    all_versions = states.versions()
+    hour = 3600.0
+    now = time.time()
+    report = trace.collect_garbage(keep_versions=1, grace_seconds=0.0,
+                                   keep_versions_seconds=hour, now=now)
+    assert report.versions_deleted == 0
+    assert states.versions() == all_versions
+    for v in all_versions:
+        check_data(trace.store, states.load(v), rel.meta)
+    assert data_files(trace.store) == named_files(trace.store)
+    assert data_files(trace.store) != trace.state.files()  # merged-away batches stayed
+
+    report = trace.collect_garbage(keep_versions=1, grace_seconds=0.0,
+                                   keep_versions_seconds=hour, now=now + 2 * hour)
+    assert report.versions_deleted == len(all_versions) - 1
+    assert states.versions() == [trace.state.version]
+    assert data_files(trace.store) == trace.state.files()
+    check_snapshots(rel, oracle)
+
+
+def test_the_window_counts_from_when_a_version_was_superseded(
+        local_setup: tuple[Relation, Oracle, Trace]) -> None:
+    """A version's time runs from its successor's publication, not its own: an old
+    version superseded a moment ago stays; versions superseded before the window go."""
+    rel, oracle, trace = local_setup
+    states = StateStore(trace.store)
+    versions = states.versions()
+    now = time.time()
+    window = 100.0
+    # every version published long ago, except the newest, published just now
+    for v in versions[:-1]:
+        os.utime(trace.store.root / states.key(v), (now - 10 * window, now - 10 * window))
+    os.utime(trace.store.root / states.key(versions[-1]), (now - 1, now - 1))
+    trace.collect_garbage(keep_versions=1, grace_seconds=0.0, keep_versions_seconds=window,
+                          now=now)
+    assert states.versions() == versions[-2:]  # the newest, and the one it superseded
+    for v in versions[-2:]:
+        check_data(trace.store, states.load(v), rel.meta)
     check_snapshots(rel, oracle)
 
 

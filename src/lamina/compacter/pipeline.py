@@ -267,7 +267,9 @@ class RelationPipeline:
         try:
             report = await asyncio.to_thread(self.trace.collect_garbage,
                                              keep_versions=self.settings.keep_versions,
-                                             grace_seconds=self.settings.gc_grace_seconds)
+                                             grace_seconds=self.settings.gc_grace_seconds,
+                                             keep_versions_seconds=(
+                                                 self.settings.keep_versions_seconds))
         except Exception:
             self.metrics.jobs.labels(kind="gc", outcome="failure").inc()
             raise

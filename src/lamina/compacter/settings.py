@@ -69,7 +69,11 @@ class Settings(ServiceSettings):
     shutdown_grace_seconds: float = Field(30.0, ge=0)
     gc_interval_seconds: float = Field(30.0, gt=0)
     gc_grace_seconds: float = Field(600.0, ge=0)
-    keep_versions: int = Field(8, ge=1)
+    keep_versions: int = Field(8, ge=1, description="trace state versions GC always keeps, "
+                               "with the files they name")
+    keep_versions_seconds: float = Field(
+        0.0, ge=0, description="a superseded trace state version is also kept until it has "
+        "been superseded this long, so a read that loaded it can finish (0: by count only)")
     ready_backlog_bytes: int = Field(4 << 30, ge=0, description="WAL backlog above which "
                                      "/readyz fails")
     log_format: Literal["auto", "json", "console"] = "auto"

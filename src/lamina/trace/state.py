@@ -176,11 +176,16 @@ class StateStore:
         return f"{TraceLayout.STATE}/{state_file_name(version)}"
 
     def versions(self) -> list[int]:
+        return [v for v, _ in self._listed()]
+
+    def _listed(self) -> list[tuple[int, float]]:
+        """The published versions, oldest first, each with its object's mtime (when it
+        was published)."""
         out = []
         for meta in self.store.list(TraceLayout.STATE):
             stem, dot, ext = meta.key.rsplit("/", 1)[-1].partition(".")
             if ext == "json" and dot and len(stem) == 20 and stem.isdigit():
-                out.append(int(stem))
+                out.append((int(stem), meta.mtime))
         return sorted(out)
 
     def load(self, version: int) -> TraceState:
@@ -217,10 +222,19 @@ class StateStore:
                 f"published by another writer in {self.dir}; this writer stops (is a second "
                 "compacter running on the same trace?)") from None
 
-    def prune(self, keep: int) -> list[int]:
-        """Delete all but the newest ``keep`` versions; return the versions deleted."""
-        versions = self.versions()
-        doomed = versions[:-keep] if keep > 0 else []
+    def prune(self, keep: int, *, superseded_before: float | None = None) -> list[int]:
+        """Delete all but the newest ``keep`` versions; return the versions deleted.
+
+        With ``superseded_before`` (seconds since the epoch), a version is also kept while
+        it was superseded at or after that time: the version after it was published then
+        (its object's mtime), so a reader that loaded it at most that long ago can still
+        read the files it names."""
+        listed = self._listed()
+        doomed = []
+        for (v, _), (_, successor_mtime) in zip(listed[:-keep] if keep > 0 else [],
+                                                listed[1:], strict=False):
+            if superseded_before is None or successor_mtime < superseded_before:
+                doomed.append(v)
         for v in doomed:
             self.store.delete(self.key(v))
         return doomed

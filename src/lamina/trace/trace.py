@@ -11,9 +11,10 @@ the newest state in memory, and every step follows the crash-safety rules of doc
    left to garbage collection, since readers of older versions may still read them).
 
 Garbage collection (:meth:`Trace.collect_garbage`) prunes state versions beyond ``keep``
-and deletes data objects that no kept version names (and leftovers of failed writes),
-once they are older than a grace period (an object younger than that may belong to a step
-still running). It lists and deletes through the store, so it is the same on every
+(and, if asked, superseded longer ago than ``keep_versions_seconds``: the guard of a read
+in flight) and deletes data objects that no kept version names (and leftovers of failed
+writes), once they are older than a grace period (an object younger than that may belong
+to a step still running). It lists and deletes through the store, so it is the same on every
 storage.
 """
 
@@ -145,9 +146,18 @@ class Trace:
 
     # --- garbage collection ---------------------------------------------------------------
     def collect_garbage(self, *, keep_versions: int = 8, grace_seconds: float = 600.0,
+                        keep_versions_seconds: float = 0.0,
                         now: float | None = None) -> GcReport:
-        """Prune old state versions, then delete unnamed files older than the grace period."""
-        pruned = self.states.prune(max(keep_versions, 1))
+        """Prune old state versions, then delete unnamed files older than the grace period.
+
+        A version stays while it is one of the newest ``keep_versions``, or while it was
+        superseded less than ``keep_versions_seconds`` ago (0: by count only); the files
+        a kept version names stay with it."""
+        now = time.time() if now is None else now
+        pruned = self.states.prune(
+            max(keep_versions, 1),
+            superseded_before=now - keep_versions_seconds if keep_versions_seconds > 0
+            else None)
         named: set[str] = set()
         for v in self.states.versions():
             try:
@@ -155,7 +165,7 @@ class Trace:
             except FileNotFoundError:
                 continue
         named |= self._state.files()
-        cutoff = (time.time() if now is None else now) - grace_seconds
+        cutoff = now - grace_seconds
         files = nbytes = 0
         for sub in TraceLayout.DATA_DIRS:
             for obj in self.store.list(sub):
