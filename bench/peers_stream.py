@@ -18,6 +18,7 @@ live at the end, :func:`checksum`) and ``done.json`` (written last: a complete c
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -135,14 +136,20 @@ def ensure(cell: Cell) -> dict[str, object]:
     root = cell.root
     doc = {"format": FORMAT, **asdict(cell)}
     marker = root / "done.json"
-    if not (marker.exists() and json.loads(marker.read_text()) == doc):
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        started = time.monotonic()
-        (root / "expected.json").write_text(json.dumps(_generate(cell, root / "stream.arrow")))
-        marker.write_text(json.dumps(doc))
-        print(f"generated {cell.name}: {cell.updates:,} updates in {cell.appends} appends "
-              f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # one generator at a time (two test workers may ask for the same cell at once)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (marker.exists() and json.loads(marker.read_text()) == doc):
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            started = time.monotonic()
+            (root / "expected.json").write_text(
+                json.dumps(_generate(cell, root / "stream.arrow")))
+            marker.write_text(json.dumps(doc))
+            print(f"generated {cell.name}: {cell.updates:,} updates in {cell.appends} "
+                  f"appends ({time.monotonic() - started:.0f} s)", file=sys.stderr,
+                  flush=True)
     out: dict[str, object] = json.loads((root / "expected.json").read_text())
     return out
 

@@ -8,9 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import settings
 
 if TYPE_CHECKING:
     from tests.objstore.s3server import S3Server
+
+# Property tests assert behaviour, not speed: no per-example deadline, so a pause of the
+# machine (the other test worker, a JVM starting) cannot fail one.
+settings.register_profile("lamina", deadline=None)
+settings.load_profile("lamina")
 
 ORDERS = pa.schema([("id", pa.int64()), ("item", pa.string())])
 

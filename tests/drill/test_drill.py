@@ -450,7 +450,7 @@ def test_drill_with_the_trace_on_s3(tmp_path: Path, s3_bucket: str) -> None:
     url = f"s3://{s3_bucket}/drill"
     out = subprocess.run(
         [LAMINA, "drill", "--data-dir", str(tmp_path / "data"), "--kills", "24",
-         "--seed", "20261124", "--daemon-share", "0.35", "--max-seconds", "150",
+         "--seed", "20261124", "--daemon-share", "0.35", "--max-seconds", "300",
          "--coordinators", "1", "--trace-url", url, "--report", str(report_path)],
         capture_output=True, text=True, timeout=500, check=False)
     report = json.loads(report_path.read_text())

@@ -85,7 +85,9 @@ def test_every_line_exactly_once_across_kill_9(tmp_path: Path) -> None:
             proc = Ingest(cfg, log, env)
             try:
                 proc.wait_event("source.running")
-                deadline = time.monotonic() + rng.uniform(0.2, 1.0)
+                # a fail point's round lasts until it fires (the writer keeps adding files
+                # to bind), with a bound; a random kill's round a moment
+                deadline = time.monotonic() + (30.0 if env else rng.uniform(0.2, 1.0))
                 while time.monotonic() < deadline and proc.proc.poll() is None:
                     time.sleep(0.02)
             finally:

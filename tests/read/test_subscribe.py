@@ -199,13 +199,13 @@ def test_an_idle_subscription_waits_and_stops(tmp_path: Path) -> None:
 
         mod._signature = counting  # type: ignore[assignment]
         try:
-            threading.Timer(1.0, stop.set).start()
             t0 = time.monotonic()
+            threading.Timer(1.0, stop.set).start()
             assert list(sub) == []
             elapsed = time.monotonic() - t0
         finally:
             mod._signature = real  # type: ignore[assignment]
-        assert 0.9 < elapsed < 1.5
+        assert 1.0 <= elapsed < 3.0
         assert calls < 25, calls
 
 

@@ -24,12 +24,12 @@ def finished(wal_dir: Path) -> list[int]:
 
 
 def test_seal_finishes_an_old_segment_holding_an_update(data_dir: Path) -> None:
-    with Store.open(data_dir, segment_max_age_seconds=0.3) as store:
+    with Store.open(data_dir, segment_max_age_seconds=2.0) as store:
         rel = store.create_relation("orders", ORDERS, key=["id"])
         rel.append(updates([(1, "a", 0, 1)]))
         rel.seal(1)
         assert finished(rel.wal_dir) == []  # young: stays open
-        time.sleep(0.35)
+        time.sleep(2.05)
         rel.seal(2)
         assert finished(rel.wal_dir) == [1]
         # The next segment starts at the upper and is young again.

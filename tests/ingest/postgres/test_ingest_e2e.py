@@ -218,9 +218,15 @@ def test_kill_9_and_restart_exactly_once(pg: PgServer, tmp_path: Path) -> None:
                     assert proc.wait_event("source.running"), proc.log.read_text()[-3000:]
                     time.sleep(rng.uniform(0.0, 0.4))
                     if round_ % 8 == 2:  # the connection killed upstream: retried in-process
-                        pg.execute("SELECT pg_terminate_backend(active_pid) FROM "
-                                   "pg_replication_slots WHERE slot_name = 'lamina_bank' "
-                                   "AND active_pid IS NOT NULL")
+                        # replication starts at the source's first poll, a moment after
+                        # source.running: terminate once the slot is held, not before
+                        deadline = time.monotonic() + 30
+                        while not pg.query(
+                                "SELECT pg_terminate_backend(active_pid) FROM "
+                                "pg_replication_slots WHERE slot_name = 'lamina_bank' "
+                                "AND active_pid IS NOT NULL"):
+                            assert time.monotonic() < deadline, proc.log.read_text()[-3000:]
+                            time.sleep(0.05)
                         assert proc.wait_event("source.retrying", timeout=10)
                         time.sleep(rng.uniform(0.5, 1.0))
                     assert proc.proc.poll() is None, proc.log.read_text()[-3000:]
