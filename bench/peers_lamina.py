@@ -22,23 +22,17 @@ For recovery, :func:`lamina_writer` appends on (each append at time ``upper``, s
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
 from bench.peers_measure import DiskSampler, disk, latencies, proc_io, timed_reads, tree_usage
 from bench.peers_stream import KEY, ROWS, SCHEMA, Cell, appends, checksum
-from bench.procs import stop_group
+from bench.procs import serve_ready, start_serve, stop_group
 
 SEGMENT_BYTES = 4 << 20
 SEGMENT_MAX_AGE = 5.0
@@ -52,41 +46,22 @@ retention costs on disk."""
 RELATION = "peers"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _open_store(data: Path, fsync: str) -> Any:
-    import inspect
-
+def _open_store(data: Path, fsync: Literal["always", "never"]) -> Any:
     from lamina import Store
 
-    kw: dict[str, Any] = {"fsync": fsync, "segment_bytes": SEGMENT_BYTES}
-    if "segment_max_age_seconds" in inspect.signature(Store.open).parameters:
-        kw["segment_max_age_seconds"] = SEGMENT_MAX_AGE
-    return Store.open(data, **kw)
+    return Store.open(data, fsync=fsync, segment_bytes=SEGMENT_BYTES,
+                      segment_max_age_seconds=SEGMENT_MAX_AGE)
 
 
 def _start_daemon(data: Path, log: Path, keep_versions: int) -> subprocess.Popen[bytes]:
-    port = _free_port()
-    env = {**os.environ, "LAMINA_LOG_FORMAT": "json", "LAMINA_POLL_INTERVAL": "0.2",
-           "LAMINA_GC_INTERVAL_SECONDS": str(GC_INTERVAL), "LAMINA_GC_GRACE_SECONDS": "0",
-           "LAMINA_KEEP_VERSIONS": str(keep_versions),
-           "LAMINA_SHUTDOWN_GRACE_SECONDS": "0", "SPARK_LOCAL_IP": "127.0.0.1"}
-    lamina = Path(sys.executable).with_name("lamina")
-    with log.open("wb") as err:
-        proc = subprocess.Popen([str(lamina), "serve", "--data-dir", str(data), "--spark-master",
-                                 "local[*]", "--http", f"127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                start_new_session=True)
+    proc, port = start_serve(data, log, master="local[*]", env={
+        "LAMINA_POLL_INTERVAL": "0.2", "LAMINA_GC_INTERVAL_SECONDS": str(GC_INTERVAL),
+        "LAMINA_GC_GRACE_SECONDS": "0", "LAMINA_KEEP_VERSIONS": str(keep_versions),
+        "LAMINA_SHUTDOWN_GRACE_SECONDS": "0"})
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(urllib.error.URLError, OSError), \
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
-            if resp.status == 200:
-                return proc
+        if serve_ready(port):
+            return proc
         time.sleep(0.1)
     stop_group(proc, 60)
     raise RuntimeError(f"lamina serve did not become ready; see {log}")

@@ -13,13 +13,15 @@ psutil: the child itself (the driver: daemon-side Python), Java processes (the S
 driver and, in local mode, executors) and other Python processes (PySpark workers), and
 keeps each one's peak resident set size (RSS) and the peak of their sum (:class:`Sampler`
 is the background loop it shares with bench.peers_measure's disk sampler).
-:func:`stop_group` stops a daemon started in a session of its own and waits until its
-whole process group (Spark's JVM included) is gone.
+:func:`start_serve` starts ``lamina serve`` in a session of its own, :func:`serve_ready`
+probes its ``/readyz``, and :func:`stop_group` stops it and waits until its whole process
+group (Spark's JVM included) is gone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,8 +30,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self, TextIO
 
@@ -91,6 +95,32 @@ class MemorySampler(Sampler):
         for role, value in now.items():
             self.peaks[role] = max(self.peaks[role], value)
         self.peaks["total"] = max(self.peaks["total"], sum(now.values()))
+
+
+def start_serve(data: Path, log: Path, *, master: str,
+                env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """``lamina serve`` on ``data`` in a session of its own (:func:`stop_group` stops its
+    Spark JVM with it), JSON logs to ``log``, ``env`` over the defaults; the process and
+    its HTTP port."""
+    from lamina.drill.procs import LAMINA, free_port
+
+    port = free_port()
+    full_env = {**os.environ, "LAMINA_LOG_FORMAT": "json", "SPARK_LOCAL_IP": "127.0.0.1",
+                **env}
+    with log.open("wb") as err:
+        proc = subprocess.Popen([LAMINA, "serve", "--data-dir", str(data), "--spark-master",
+                                 master, "--http", f"127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=err, env=full_env,
+                                start_new_session=True)
+    return proc, port
+
+
+def serve_ready(port: int) -> bool:
+    """Whether the daemon on ``port`` answers ``/readyz`` with 200 (False while it starts)."""
+    with contextlib.suppress(urllib.error.URLError, OSError), \
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+        return bool(resp.status == 200)
+    return False
 
 
 def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:

@@ -25,15 +25,10 @@ Writes bench/results/recovery.json and recovery.png.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,7 +39,7 @@ import pyarrow.parquet as pq
 
 from bench import report
 from bench.dataset import CACHE, SCHEMA, merge_input
-from bench.procs import median, stop_group
+from bench.procs import median, serve_ready, start_serve, stop_group
 from lamina import Store
 from lamina.fs import FileSystem
 from lamina.layout import Layout, TraceLayout
@@ -126,14 +121,6 @@ def recovery_input(scale: float) -> Path:
     return root
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _log_times(log: Path) -> dict[str, float]:
     """Timestamps (epoch seconds) of the daemon's start-up events in its JSON log."""
     out: dict[str, float] = {}
@@ -161,29 +148,19 @@ def start_to_ready(source: Path, work: Path) -> dict[str, Any]:
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
     shutil.copytree(source, data)
-    port = _free_port()
     log = work / "daemon.log"
-    env = {**os.environ, "LAMINA_LOG_FORMAT": "json", "LAMINA_SHUTDOWN_GRACE_SECONDS": "0",
-           "SPARK_LOCAL_IP": "127.0.0.1"}
-    lamina = Path(sys.executable).with_name("lamina")
-    with log.open("wb") as err:
-        spawned = time.time()
-        started = time.monotonic()
-        proc = subprocess.Popen([str(lamina), "serve", "--data-dir", str(data),
-                                 "--spark-master", "local[2]", "--http", f"127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                start_new_session=True)
-        try:
-            ready = None
-            while ready is None and proc.poll() is None and time.monotonic() - started < 300:
-                with contextlib.suppress(urllib.error.URLError, OSError), \
-                        urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz",
-                                               timeout=1) as resp:
-                    if resp.status == 200:
-                        ready = time.monotonic() - started
-                time.sleep(0.02)
-        finally:
-            stop_group(proc, 120)
+    spawned = time.time()
+    started = time.monotonic()
+    proc, port = start_serve(data, log, master="local[2]",
+                             env={"LAMINA_SHUTDOWN_GRACE_SECONDS": "0"})
+    try:
+        ready = None
+        while ready is None and proc.poll() is None and time.monotonic() - started < 300:
+            if serve_ready(port):
+                ready = time.monotonic() - started
+            time.sleep(0.02)
+    finally:
+        stop_group(proc, 120)
     if ready is None:
         raise RuntimeError(f"the daemon did not become ready; see {log}")
     times = _log_times(log)
