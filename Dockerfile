@@ -23,12 +23,13 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY src ./src
-# Not editable: the runtime stage gets the venv only, not the sources.
+# Not editable: the runtime stage gets the venv only, not the sources. Every extra: the
+# daemon (compacter), `lamina ingest` from PostgreSQL (postgres) and s3:// traces (s3).
 RUN --mount=type=cache,target=/root/.cache/pip \
     /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/pip install .
+ && /opt/venv/bin/pip install '.[compacter,postgres,s3]'
 
 # --- runtime -----------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}

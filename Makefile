@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "lamina needs Python 3.11 or newer")'
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# dev includes every extra (compacter, ingest, postgres, s3: pyproject.toml) and the tools
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -6,9 +6,9 @@ Both parts drive a relation through :class:`lamina.Store` (fsync "never", one fi
 segment per append) and run the compacter's steps after every append exactly as its
 pipeline does: plan the conversion of the new segment, convert, then merge while
 ``plan_merge`` finds two adjacent batches of one level. The steps run on the reference
-executor (:mod:`lamina.trace.reference`), in process: the policy (``trace.plan``) is the
-one the daemon uses with Spark, and the Spark jobs write the same rows (one Parquet part
-per batch here, where Spark may write several for big batches).
+executor (:mod:`lamina.compacter.executors.reference`), in process: the policy
+(``trace.plan``) is the one the daemon uses with Spark, and the Spark jobs write the same
+rows (one Parquet part per batch here, where Spark may write several for big batches).
 
 1. **Amplification** (since never advances): ``--appends`` equal appends of
    ``1000 * scale`` updates, each of a fresh row (a random key) at a fresh time, so
@@ -45,10 +45,10 @@ import pyarrow as pa
 from bench import report
 from bench.dataset import CACHE
 from lamina import Store
+from lamina.compacter.executors import reference
 from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Relation
-from lamina.trace import reference
 from lamina.trace.batch import write_part
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'met' if size['met'] else 'MISSED'}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    doc = run.document({"scale": args.scale, "executor": "reference (lamina.trace.reference)",
+    doc = run.document({"scale": args.scale,
+                        "executor": "reference (lamina.compacter.executors.reference)",
                         "amplification": amp, "trace_size": size})
     report.write_result(NAME, doc)
     report.bar_chart(NAME, "Merge policy: write amplification and trace size", [

@@ -195,8 +195,7 @@ def verify(scale: float, answer: dict[str, Any]) -> str:
     the same plan."""
     from tests.compacter.workload import assert_same_conversion
 
-    from lamina.compacter.step.driver import ConversionResult
-    from lamina.trace import reference
+    from lamina.compacter.executors import ConversionResult, reference
     from lamina.trace.plan import plan_conversion
     from lamina.trace.trace import Trace
 

@@ -1,40 +1,43 @@
-"""Ingestion from PostgreSQL: snapshot and streaming throughput, commit -> sealed freshness.
+"""Ingestion from PostgreSQL: streaming against ``pg_recvlogical``, freshness under an
+unthrottled pgbench, the initial snapshot against ``COPY``.
 
-    .venv/bin/python -m bench.ingest [--scale 1.0] [--rounds 3] [--seconds 20]
-        [--rate 5000] [--interval 1.0] [--snapshot-only]
+    .venv/bin/python -m bench.ingest [--scale 1.0] [--backlog-seconds 60]
+        [--fresh-seconds 30] [--interval 1.0] [--rounds 3] [--snapshot-only]
 
-``--snapshot-only``: *COPY*, *source alone* and *snapshot* only, each round's ratio
-printed with the load average (nothing written to bench/results): the quick check of the
-snapshot target.
-
-Against a real PostgreSQL server started in a temporary directory
+Against a real PostgreSQL 15 started in a temporary directory
 (tests/ingest/postgres/server.py: Debian's ``postgresql``, a Unix socket, ``fsync=off``),
-a table ``snap`` of ``500,000 * scale`` rows ``(id int, name text, qty int, at timestamptz,
-amount numeric(12,2))``:
+on the machine's two cores shared by the server, pgbench and lamina:
 
-- *COPY*: PostgreSQL's own ``COPY (SELECT ...) TO STDOUT (FORMAT csv)`` of the same rows
-  into a discarding sink (psycopg2's ``copy_expert``), in the same run: the baseline.
-- *Snapshot*: a :class:`~lamina.ingest.runner.SourceRunner` (what ``lamina ingest`` runs in
-  a thread per source) on a new source, in this process: slot creation, the exported
-  snapshot's ``COPY`` into the spool (parsed into Arrow while the ``COPY`` runs, see
-  lamina.ingest.postgres.spool), the first binding, the append and fsync'd seal of the
-  output relation. Timed from the runner's start until the output's
-  upper passes the first binding's time (every row sealed). Target: >= 0.5 of COPY.
-  Also the source alone (``PostgresSource.open`` + ``poll`` until its first ``Upper``,
-  nothing written), to tell the decoding from the writing.
-- *Streaming*: the runner stopped, the same number of rows inserted into a second table
-  (100 transactions), a new runner started on the slot: timed until the output's upper
-  passes the binding covering the last commit (pgoutput decoding, reclocking, append, seal),
-  against COPY of those rows.
-- *Freshness*: ``lamina ingest`` as a real process (``timestamp_interval_seconds =
-  --interval``), a writer committing ``--rate`` rows/s (transactions of 50 rows on a fixed
-  schedule) for ``--seconds``, a reader in this process on ``Relation.subscribe`` recording
-  when each ``Progress`` arrives. Freshness of a commit = the first ``Progress`` whose upper
-  passes the commit's reclocked time (its rows' ``_time``) - the return of ``COMMIT``; p50,
-  p99 (the first 2 s left out). Target: p99 <= 2 x ``--interval``.
+- *Streaming vs pg_recvlogical.* A pgbench database (``pgbench -i -s 10``, times
+  ``--scale``; the four tables ``REPLICA IDENTITY FULL``) and a source over its four
+  tables. ``lamina ingest`` takes its snapshot and stops; a second pgoutput slot is
+  created with ``pg_recvlogical --create-slot``; then ``pgbench -n -c 4 -j 2 -T
+  --backlog-seconds`` runs with nothing reading (the backlog). Timed: ``lamina ingest`` (a
+  real process, from its start: interpreter, imports, recovery included) until a binding
+  covers the WAL position after the backlog and the outputs are sealed past it; then
+  ``pg_recvlogical --start -o proto_version=1 -o publication_names=... -f /dev/null -E
+  <that position>`` (the same publication's changes, decoded by the same walsender code,
+  written nowhere). Both read the same backlog, lamina first (its WAL reads are the colder
+  ones). Changes/s = the update rows lamina wrote / seconds; the ratio is
+  pg_recvlogical's seconds over lamina's. Target >= 0.5. Also reported: lamina's rate
+  from its ``source.running`` log event (start-up left out).
+- *Freshness under pgbench.* ``lamina ingest`` running (``timestamp_interval_seconds =
+  --interval``), ``pgbench -n -c 4 -j 2 -T --fresh-seconds`` unthrottled. Each pgbench
+  transaction inserts one ``pgbench_history`` row whose ``mtime`` is the transaction's
+  start (``PGTZ=UTC``); the bench polls ``/v1/sources`` every 20 ms for the output's
+  upper. Freshness of a transaction = the first poll that saw the upper pass the row's
+  ``_time`` minus its ``mtime`` (so it includes the transaction's own run time); p50, p99
+  and max after a 2 s warm-up, with pgbench's tps and ``lag_seconds`` as reported every
+  second. Target p99 <= 5 s.
+- *Snapshot vs COPY* (as in earlier runs): a table of 500,000 (times ``--scale``) rows ``(id int,
+  name text, qty int, at timestamptz, amount numeric(12,2))``; PostgreSQL's own ``COPY
+  (SELECT ...) TO STDOUT (FORMAT csv)`` into a discarding sink against a ``SourceRunner``
+  (what ``lamina ingest`` runs per source) from its start until the output is sealed past
+  the first binding, and the source alone (``open`` + ``poll`` to the first ``Upper``);
+  the median of ``--rounds``. Target >= 0.5.
 
-Snapshot and streaming are the median of ``--rounds`` (each round a new source, slot and
-output). Writes bench/results/ingest.json and ingest.png.
+Writes bench/results/ingest.json and ingest.png (``--snapshot-only``: prints the snapshot
+rounds, writes nothing).
 """
 
 from __future__ import annotations
@@ -44,34 +47,38 @@ import io
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import structlog
-from tests.ingest.postgres.server import PgServer, running_server
+from tests.ingest.postgres.server import PgServer, find_bin, running_server
 from tests.ingest.procs import Ingest, write_config
 
 from bench import report
-from lamina import CLOSED, Progress, Store
+from lamina import Store
 from lamina.ingest.metrics import IngestMetrics
 from lamina.ingest.postgres import PostgresSource
+from lamina.ingest.postgres.pgoutput import format_lsn, parse_lsn
 from lamina.ingest.runner import SourceRunner
 from lamina.ingest.settings import PostgresSourceSettings
 from lamina.ingest.source import Transaction, Upper
-from lamina.read import updates_at
 
 NAME = "ingest"
 COLS = "id, name, qty, at, amount"
-TABLE = ("(id int PRIMARY KEY, name text, qty int, at timestamptz, amount numeric(12,2))")
+TABLE = "(id int PRIMARY KEY, name text, qty int, at timestamptz, amount numeric(12,2))"
 SNAPSHOT_TARGET = 0.5
-TXNS = 100
-"""Transactions the streamed rows are committed in."""
-FRESH_TXN_ROWS = 50
+STREAMING_TARGET = 0.5
+FRESHNESS_TARGET_MS = 5000.0
 WARMUP_SECONDS = 2.0
+PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers",
+                  "pgbench_history")
 
 
 class _Sink(io.RawIOBase):
@@ -82,16 +89,174 @@ class _Sink(io.RawIOBase):
         return len(memoryview(b))
 
 
-def _fill(pg: PgServer, table: str, first: int, rows: int, txns: int = 1) -> None:
-    step = -(-rows // txns)
-    with pg.connect() as conn:
-        conn.autocommit = False
-        with conn.cursor() as cur:
-            for lo in range(first, first + rows, step):
-                hi = min(first + rows, lo + step) - 1
-                cur.execute(f"INSERT INTO {table} SELECT g, 'name ' || g, g % 100, now(), "  # noqa: S608
-                            f"g / 7.0 FROM generate_series({lo}, {hi}) g")
-                conn.commit()
+def _bin(name: str) -> str:
+    found = find_bin()
+    if found is None:
+        raise SystemExit("no PostgreSQL under /usr/lib/postgresql/*/bin (set LAMINA_PG_BIN)")
+    return str(found / name)
+
+
+def _env(pg: PgServer) -> dict[str, str]:
+    return {**os.environ, "PGHOST": str(pg.sock), "PGUSER": "postgres",
+            "PGDATABASE": pg.dbname, "PGTZ": "UTC"}
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr}")
+    return done.stdout
+
+
+def _insert_lsn(pg: PgServer) -> int:
+    # the insert position: with synchronous_commit = off pg_current_wal_lsn() (the write
+    # position) can be behind commits that already returned
+    return parse_lsn(pg.query("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+
+
+def _pgbench(pg: PgServer, seconds: float) -> dict[str, Any]:
+    out = _run([_bin("pgbench"), "-n", "-c", "4", "-j", "2", "-T", str(int(seconds))],
+               _env(pg))
+    txns = next(int(line.split(":")[1]) for line in out.splitlines()
+                if line.startswith("number of transactions actually processed"))
+    tps = next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
+               if line.startswith("tps"))
+    return {"transactions": txns, "tps": round(tps, 1)}
+
+
+def _pgbench_source(pg: PgServer, work: Path, interval: float) -> Path:
+    tables = ", ".join(f'"public.{t}"' for t in PGBENCH_TABLES)
+    return write_config(work / "ingest.toml", work / "data", [
+        f'[[sources]]\nname = "bench"\nkind = "postgres"\ndsn = "{pg.dsn}"\n'
+        f"tables = [{tables}]\ntimestamp_interval_seconds = {interval}\n"])
+
+
+def _covered(proc: Ingest, lsn: int, timeout: float = 900.0) -> dict[str, Any]:
+    """Wait until a binding covers ``lsn`` (every output sealed past it); the status."""
+    def cond(st: dict[str, dict[str, Any]]) -> bool:
+        b = st["bench"]["binding_upper"]
+        return b is not None and parse_lsn(b) >= lsn
+    return proc.wait_for(cond, timeout=timeout)["bench"]
+
+
+def pgbench_database(pg: PgServer, scale: int) -> None:
+    _run([_bin("pgbench"), "-i", "-s", str(scale), "-q"], _env(pg))
+    pg.execute(*[f"ALTER TABLE {t} REPLICA IDENTITY FULL" for t in PGBENCH_TABLES])
+
+
+def streaming(pg: PgServer, work: Path, backlog_seconds: float,
+              interval: float) -> dict[str, Any]:
+    cfg = _pgbench_source(pg, work, interval)
+    proc = Ingest(cfg, work / "ingest.log")
+    try:
+        proc.wait_for(lambda st: st["bench"]["binding_upper"] is not None, timeout=600)
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
+    env = _env(pg)
+    _run([_bin("pg_recvlogical"), "-d", pg.dbname, "--create-slot", "-S", "bench_recv",
+          "-P", "pgoutput"], env)
+    bench = _pgbench(pg, backlog_seconds)
+    end = _insert_lsn(pg)
+    pg.execute("SELECT pg_logical_emit_message(false, 'bench', 'end')")  # WAL past the end
+    load = report.load_average()
+    t0 = time.monotonic()
+    wall0 = time.time()
+    proc = Ingest(cfg, work / "ingest.log")
+    try:
+        st = _covered(proc, end)
+        lamina_s = time.monotonic() - t0
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
+    changes = sum(o["changes"] for o in st["outputs"])
+    running = next(e for e in proc.events() if e.get("event") == "source.running")
+    started = datetime.fromisoformat(running["timestamp"].replace("Z", "+00:00"))
+    streaming_s = lamina_s - (started.timestamp() - wall0)
+    t0 = time.monotonic()
+    _run([_bin("pg_recvlogical"), "-d", pg.dbname, "--start", "-S", "bench_recv", "-o",
+          "proto_version=1", "-o", "publication_names=lamina_bench", "-f", "/dev/null",
+          "-E", format_lsn(end), "--no-loop"], env)
+    recv_s = time.monotonic() - t0
+    ratio = round(recv_s / lamina_s, 3)
+    return {"pgbench_backlog": bench, "changes": changes,
+            "lamina_seconds": round(lamina_s, 3),
+            "lamina_changes_per_s": round(changes / lamina_s),
+            "pg_recvlogical_seconds": round(recv_s, 3),
+            "pg_recvlogical_changes_per_s": round(changes / recv_s),
+            "ratio": ratio, "target": STREAMING_TARGET, "met": ratio >= STREAMING_TARGET,
+            "lamina_streaming_seconds": round(streaming_s, 3),
+            "lamina_streaming_changes_per_s": round(changes / streaming_s),
+            "load_average_at_start": load}
+
+
+def freshness(pg: PgServer, work: Path, seconds: float, interval: float) -> dict[str, Any]:
+    """Freshness of pgbench transactions (needs the database of :func:`pgbench_database`
+    and the slot of :func:`streaming`, which this run drains first)."""
+    cfg = _pgbench_source(pg, work, interval)
+    proc = Ingest(cfg, work / "ingest.log")
+    ups: list[tuple[float, int]] = []
+    lags: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        last = -1
+        n = 0
+        while not stop.is_set():
+            st = proc.sources()["bench"]
+            now = time.time()
+            up = next(o["upper"] for o in st["outputs"]
+                      if o["relation"] == "bench.pgbench_history")
+            if up != last:
+                ups.append((now, up))
+                last = up
+            if n % 50 == 0:
+                lags.append(st["lag_seconds"])
+            n += 1
+            time.sleep(0.02)
+
+    try:
+        _covered(proc, _insert_lsn(pg))
+        (first,) = pg.query("SELECT extract(epoch FROM now())::float8")[0]
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        bench = _pgbench(pg, seconds)
+        _covered(proc, _insert_lsn(pg), timeout=300)
+        time.sleep(0.5)
+        stop.set()
+        t.join(10)
+        assert proc.terminate() == 0
+    finally:
+        stop.set()
+        proc.kill()
+    with Store.open(work / "data") as store:
+        rel = store.relation("bench.pgbench_history")
+        rows = rel.updates(0, rel.upper)
+    # mtime: timestamp[us] without a zone, written in UTC (PGTZ): microseconds since 1970
+    mtimes = [m / 1e6 for m in rows.column("mtime").cast(pa.int64()).to_pylist()]
+    lat: list[float] = []
+    for m, tm in zip(mtimes, rows.column("_time").to_pylist(), strict=True):
+        if m < first + WARMUP_SECONDS:
+            continue
+        seen = next((w for w, up in ups if up > tm), None)
+        if seen is None:
+            raise AssertionError(f"a row at time {tm} was never seen sealed")
+        lat.append(seen - m)
+    lat.sort()
+
+    def q(p: float) -> float:
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 1)
+
+    p99 = q(0.99)
+    return {"pgbench": bench, "measured": len(lat), "seconds": seconds,
+            "timestamp_interval_seconds": interval, "p50_ms": q(0.5), "p99_ms": p99,
+            "max_ms": round(lat[-1] * 1000, 1), "target_p99_ms": FRESHNESS_TARGET_MS,
+            "met": p99 <= FRESHNESS_TARGET_MS, "lag_seconds_reported": lags}
+
+
+def _fill(pg: PgServer, table: str, rows: int) -> None:
+    pg.execute(f"INSERT INTO {table} SELECT g, 'name ' || g, g % 100, now(), "  # noqa: S608
+               f"g / 7.0 FROM generate_series(1, {rows}) g")
 
 
 def copy_seconds(pg: PgServer, table: str) -> float:
@@ -111,8 +276,8 @@ def source_snapshot_seconds(pg: PgServer, name: str, rows: int) -> float:
     got = 0
     while True:
         evs = src.poll(1.0)
-        got += sum(e.changes["public.snap"].num_rows for e in evs
-                   if isinstance(e, Transaction))
+        got += sum(t.num_rows for e in evs if isinstance(e, Transaction)
+                   if isinstance(t := e.changes["public.snap"], pa.Table))  # snapshot: Arrow
         if any(isinstance(e, Upper) for e in evs):
             break
     s = time.perf_counter() - t0
@@ -128,279 +293,115 @@ def source_snapshot_seconds(pg: PgServer, name: str, rows: int) -> float:
     return s
 
 
-class _Runner:
-    """A SourceRunner in a thread, as ``lamina ingest`` runs one."""
-
-    def __init__(self, settings: PostgresSourceSettings, store: Store) -> None:
-        self.runner = SourceRunner(settings, PostgresSource.from_settings(settings), store,
-                                   IngestMetrics())
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.runner.run, args=(self.stop,), daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def sealed_past(self, relation: str, offset: int, timeout: float = 600.0) -> None:
-        """Wait until a binding covers ``offset`` and ``relation``'s upper passes its time."""
-        r = self.runner
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            b = r.binding
-            outs = [o for o in r.outputs.values() if o.relation == relation]
-            if b is not None and b.upper > offset and outs and outs[0].upper > b.time:
-                return
-            if r.health.state == "stalled":
-                raise AssertionError(f"source stalled: {r.status()}")
-            time.sleep(0.005)
-        raise AssertionError(f"{relation} not sealed past {offset} in {timeout} s")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(60)
+def _runner_snapshot_seconds(pg: PgServer, work: Path, name: str, rows: int) -> float:
+    settings = PostgresSourceSettings(name=name, kind="postgres", dsn=pg.dsn,
+                                      tables=["public.snap"], timestamp_interval_seconds=0.1)
+    with Store.open(work / name) as store:
+        runner = SourceRunner(settings, PostgresSource.from_settings(settings), store,
+                              IngestMetrics())
+        stop = threading.Event()
+        thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+        t0 = time.perf_counter()
+        thread.start()
+        while not (runner.binding is not None and runner.outputs
+                   and all(o.upper > runner.binding.time for o in runner.outputs.values())):
+            if runner.health.state == "stalled":
+                raise AssertionError(f"source stalled: {runner.status()}")
+            time.sleep(0.002)
+        s = time.perf_counter() - t0
+        stop.set()
+        thread.join(60)
+        rel = store.relation(f"{name}.snap")
+        if (n := rel.snapshot(rel.upper - 1).num_rows) != rows:
+            raise AssertionError(f"snapshot sealed {n} rows, not {rows}")
+    pg.execute(f"SELECT pg_drop_replication_slot('lamina_{name}')")
+    shutil.rmtree(work / name, ignore_errors=True)
+    return s
 
 
-def _lsn(pg: PgServer) -> int:
-    from lamina.ingest.postgres.pgoutput import parse_lsn
-
-    # the insert position: with synchronous_commit = off pg_current_wal_lsn() (the write
-    # position) can be behind commits that already returned
-    return parse_lsn(pg.query("SELECT pg_current_wal_insert_lsn()::text")[0][0])
-
-
-def throughput(pg: PgServer, work: Path, rows: int, rounds: int,
-               streaming: bool = True) -> dict[str, Any]:
+def snapshot(pg: PgServer, work: Path, rows: int, rounds: int) -> dict[str, Any]:
     pg.execute(f"CREATE TABLE snap {TABLE}", "ALTER TABLE snap REPLICA IDENTITY FULL")
-    _fill(pg, "snap", 1, rows)
+    _fill(pg, "snap", rows)
     with pg.connect() as conn:
         conn.cursor().execute("VACUUM ANALYZE snap")
-    copy_s, src_s, snap_s, stream_s, copy_stream_s = [], [], [], [], []
+    copy_s, src_s, snap_s = [], [], []
     for r in range(rounds):
         copy_s.append(copy_seconds(pg, "snap"))
         src_s.append(source_snapshot_seconds(pg, f"bench_src{r}", rows))
-        table = f"stream{r}"
-        pg.execute(f"CREATE TABLE {table} {TABLE}", f"ALTER TABLE {table} REPLICA IDENTITY FULL")
-        settings = PostgresSourceSettings(name=f"r{r}", kind="postgres", dsn=pg.dsn,
-                                          tables=["public.snap", f"public.{table}"],
-                                          timestamp_interval_seconds=0.1)
-        data = work / f"data{r}"
-        with Store.open(data) as store:
-            run = _Runner(settings, store)
-            t0 = time.perf_counter()
-            run.start()
-            run.sealed_past(f"r{r}.snap", -1)
-            snap_s.append(time.perf_counter() - t0)
-            run.close()
-            n = store.relation(f"r{r}.snap").snapshot(store.relation(f"r{r}.snap").upper - 1)
-            if n.num_rows != rows:
-                raise AssertionError(f"snapshot sealed {n.num_rows} rows, not {rows}")
-            if not streaming:
-                shutil.rmtree(data, ignore_errors=True)
-                print(f"  round {r + 1}/{rounds}: load {os.getloadavg()[0]:.2f}, COPY "
-                      f"{copy_s[-1]:.3f} s, source alone {src_s[-1]:.3f} s, snapshot "
-                      f"{snap_s[-1]:.3f} s: {copy_s[-1] / snap_s[-1]:.3f} of COPY",
-                      file=sys.stderr, flush=True)
-                continue
-            _fill(pg, table, 1, rows, TXNS)   # committed while lamina is stopped
-            end = _lsn(pg)
-            run = _Runner(settings, store)
-            t0 = time.perf_counter()
-            run.start()
-            run.sealed_past(f"r{r}.{table}", end - 1)
-            stream_s.append(time.perf_counter() - t0)
-            run.close()
-            got = store.relation(f"r{r}.{table}")
-            if (m := got.snapshot(got.upper - 1).num_rows) != rows:
-                raise AssertionError(f"streaming sealed {m} rows, not {rows}")
-        copy_stream_s.append(copy_seconds(pg, table))
-        shutil.rmtree(data, ignore_errors=True)
-        print(f"  round {r + 1}/{rounds}: COPY {copy_s[-1]:.2f} s, source alone "
-              f"{src_s[-1]:.2f} s, snapshot {snap_s[-1]:.2f} s, streaming {stream_s[-1]:.2f} s "
-              f"(COPY {copy_stream_s[-1]:.2f} s)", file=sys.stderr, flush=True)
+        snap_s.append(_runner_snapshot_seconds(pg, work, f"r{r}", rows))
+        print(f"  snapshot round {r + 1}/{rounds}: load {os.getloadavg()[0]:.2f}, COPY "
+              f"{copy_s[-1]:.3f} s, source alone {src_s[-1]:.3f} s, snapshot "
+              f"{snap_s[-1]:.3f} s: {copy_s[-1] / snap_s[-1]:.3f} of COPY", file=sys.stderr,
+              flush=True)
     med = statistics.median
     copy, snap = med(copy_s), med(snap_s)
     ratio = round(copy / snap, 3)
-    per_round = sorted(c / n for c, n in zip(copy_s, snap_s, strict=True))
-    if not streaming:
-        return {"rows": rows, "rounds": rounds, "copy_seconds": round(copy, 3),
-                "source_only_seconds": round(med(src_s), 3),
-                "snapshot_seconds": round(snap, 3), "snapshot_ratio_to_copy": ratio,
-                "snapshot_ratio_per_round": [round(x, 3) for x in per_round],
-                "snapshot_met": ratio >= SNAPSHOT_TARGET}
-    stream, cstream = med(stream_s), med(copy_stream_s)
-    return {"rows": rows, "rounds": rounds, "streamed_transactions": TXNS,
-            "copy_rows_per_s": round(rows / copy), "copy_seconds": round(copy, 3),
-            "source_only_rows_per_s": round(rows / med(src_s)),
+    return {"rows": rows, "rounds": rounds, "copy_rows_per_s": round(rows / copy),
+            "copy_seconds": round(copy, 3), "source_only_rows_per_s": round(rows / med(src_s)),
             "snapshot_rows_per_s": round(rows / snap), "snapshot_seconds": round(snap, 3),
-            "snapshot_ratio_to_copy": ratio, "snapshot_target": SNAPSHOT_TARGET,
-            "snapshot_met": ratio >= SNAPSHOT_TARGET,
-            "streaming_rows_per_s": round(rows / stream),
-            "streaming_seconds": round(stream, 3),
-            "copy_streamed_rows_per_s": round(rows / cstream),
-            "streaming_ratio_to_copy": round(cstream / stream, 3),
-            "seconds_per_round": {"copy": copy_s, "source_only": src_s, "snapshot": snap_s,
-                                  "streaming": stream_s, "copy_streamed": copy_stream_s}}
-
-
-def freshness(pg: PgServer, work: Path, seconds: float, rate: int,
-              interval: float) -> dict[str, Any]:
-    pg.execute(f"CREATE TABLE fresh {TABLE[:-1]}, txn int)",
-               "ALTER TABLE fresh REPLICA IDENTITY FULL")
-    data = work / "fresh-data"
-    tables = '"public.fresh"'
-    cfg = write_config(work / "ingest.toml", data, [
-        f'[[sources]]\nname = "f"\nkind = "postgres"\ndsn = "{pg.dsn}"\n'
-        f"tables = [{tables}]\ntimestamp_interval_seconds = {interval}\n"])
-    proc = Ingest(cfg, work / "ingest.log")
-    progress: list[tuple[float, int]] = []
-    commits: list[float] = []
-    stop = threading.Event()
-    try:
-        proc.wait_for(lambda st: st["f"]["state"] == "running"
-                      and st["f"]["binding_upper"] is not None, timeout=120)
-        with Store.open(data) as store:
-            rel = store.relation("f.fresh")
-            deadline = time.monotonic() + 30
-            while rel.upper == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-
-            def reader() -> None:
-                for ev in rel.subscribe(rel.upper - 1, snapshot=False, stop=stop,
-                                        max_wait=0.01):
-                    if isinstance(ev, Progress):
-                        progress.append((time.time(), ev.upper))
-                        if ev.upper == CLOSED:
-                            return
-
-            t = threading.Thread(target=reader, daemon=True)
-            t.start()
-            period = FRESH_TXN_ROWS / rate
-            n = int(seconds / period)
-            with pg.connect() as conn:
-                conn.autocommit = False
-                with conn.cursor() as cur:
-                    start = time.monotonic()
-                    for i in range(n):
-                        delay = start + i * period - time.monotonic()
-                        if delay > 0:
-                            time.sleep(delay)
-                        lo = i * FRESH_TXN_ROWS
-                        cur.execute("INSERT INTO fresh SELECT g, 'name ' || g, g %% 100, now(), "
-                                    "g / 7.0, %s FROM generate_series(%s, %s) g",
-                                    (i, lo, lo + FRESH_TXN_ROWS - 1))
-                        conn.commit()
-                        commits.append(time.time())
-                    behind = time.monotonic() - (start + n * period)
-            end = _lsn(pg)
-            proc.wait_for(lambda st: st["f"]["binding_upper"] is not None and _lsn_text(
-                st["f"]["binding_upper"]) > end, timeout=120)
-            time.sleep(3 * interval + 0.5)
-            stop.set()
-            t.join(30)
-            ups = updates_at(store.layout, rel.meta, rel.upper - 1)
-        assert proc.terminate() == 0
-    finally:
-        stop.set()
-        proc.kill()
-    txn_time: dict[int, int] = {}
-    for txn, tm in zip(ups.column("txn").to_pylist(), ups.column("_time").to_pylist(),
-                       strict=True):
-        if txn_time.setdefault(txn, tm) != tm:
-            raise AssertionError(f"transaction {txn} split over times {txn_time[txn]}, {tm}")
-    if len(txn_time) != len(commits) or ups.num_rows != len(commits) * FRESH_TXN_ROWS:
-        raise AssertionError(f"{len(txn_time)} transactions, {ups.num_rows} rows landed; "
-                             f"{len(commits)} committed")
-    lat: list[float] = []
-    for i, committed in enumerate(commits):
-        if committed - commits[0] < WARMUP_SECONDS:
-            continue
-        seen = next((w for w, up in progress if up > txn_time[i]), None)
-        if seen is None:
-            raise AssertionError(f"transaction {i} never observed sealed")
-        lat.append(seen - committed)
-    lat.sort()
-
-    def q(p: float) -> float:
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 1)
-
-    p99 = q(0.99)
-    target = 2 * interval * 1000
-    return {"rate_rows_per_s": rate, "rows_per_transaction": FRESH_TXN_ROWS,
-            "transactions": len(commits), "measured": len(lat), "seconds": seconds,
-            "writer_behind_schedule_s": round(behind, 3),
-            "timestamp_interval_seconds": interval, "p50_ms": q(0.5), "p99_ms": p99,
-            "max_ms": round(lat[-1] * 1000, 1), "target_p99_ms": target,
-            "met": p99 <= target}
-
-
-def _lsn_text(text: str) -> int:
-    from lamina.ingest.postgres.pgoutput import parse_lsn
-
-    return parse_lsn(text)
+            "ratio": ratio, "target": SNAPSHOT_TARGET, "met": ratio >= SNAPSHOT_TARGET,
+            "ratio_per_round": sorted(round(c / n, 3) for c, n in zip(copy_s, snap_s,
+                                                                      strict=True))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ingest",
                                      description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--rate", type=int, default=5000)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="sizes: pgbench scale 10 and 500,000 snapshot rows, times this")
+    parser.add_argument("--backlog-seconds", type=float, default=60.0)
+    parser.add_argument("--fresh-seconds", type=float, default=30.0)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--snapshot-only", action="store_true",
-                        help="COPY, source alone and snapshot only; nothing written")
+                        help="the snapshot rounds only; nothing written")
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    if args.snapshot_only:
-        work = Path(tempfile.mkdtemp(prefix="lamina-bench-ingest-"))
-        try:
-            with running_server() as pg:
-                load = os.getloadavg()[0]
-                thr = throughput(pg, work, max(1000, int(500_000 * args.scale)), args.rounds,
-                                 streaming=False)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        per = thr["snapshot_ratio_per_round"]
-        print(f"snapshot: {thr['snapshot_ratio_to_copy']} of COPY (median of "
-              f"{args.rounds}; rounds {per[0]}-{per[-1]}; COPY {thr['copy_seconds']} s, "
-              f"source alone {thr['source_only_seconds']} s, snapshot "
-              f"{thr['snapshot_seconds']} s; target >= {SNAPSHOT_TARGET}: "
-              f"{'met' if thr['snapshot_met'] else 'MISSED'}; load average {load:.2f} "
-              f"before, {os.getloadavg()[0]:.2f} after)", flush=True)
-        return 0
     run = report.Run(NAME, argv)
     work = Path(tempfile.mkdtemp(prefix="lamina-bench-ingest-"))
     try:
         with running_server() as pg:
-            thr = throughput(pg, work, max(1000, int(500_000 * args.scale)), args.rounds)
-            print(f"snapshot: {thr['snapshot_rows_per_s']:,} rows/s vs COPY "
-                  f"{thr['copy_rows_per_s']:,} rows/s: {thr['snapshot_ratio_to_copy']}x "
-                  f"(target >= {SNAPSHOT_TARGET}): "
-                  f"{'met' if thr['snapshot_met'] else 'MISSED'}; streaming "
-                  f"{thr['streaming_rows_per_s']:,} rows/s", flush=True)
-            fr = freshness(pg, work, args.seconds, args.rate, args.interval)
-            print(f"freshness at {args.rate} rows/s: p50 {fr['p50_ms']} ms, p99 "
-                  f"{fr['p99_ms']} ms (target <= {fr['target_p99_ms']} ms): "
-                  f"{'met' if fr['met'] else 'MISSED'}", flush=True)
+            snap = snapshot(pg, work, max(1000, round(500_000 * args.scale)), args.rounds)
+            print(f"snapshot: {snap['ratio']} of COPY (median of {args.rounds}; rounds "
+                  f"{snap['ratio_per_round']}; target >= {SNAPSHOT_TARGET}: "
+                  f"{'met' if snap['met'] else 'MISSED'}; load {report.load_average()})",
+                  flush=True)
+            if args.snapshot_only:
+                return 0
+            pgbench_database(pg, max(1, round(10 * args.scale)))
+            stream = streaming(pg, work, args.backlog_seconds, args.interval)
+            print(f"streaming: lamina {stream['lamina_changes_per_s']:,} changes/s, "
+                  f"pg_recvlogical {stream['pg_recvlogical_changes_per_s']:,}: "
+                  f"{stream['ratio']} (target >= {STREAMING_TARGET}: "
+                  f"{'met' if stream['met'] else 'MISSED'}; {stream['changes']:,} changes "
+                  f"of {stream['pgbench_backlog']['transactions']:,} pgbench transactions)",
+                  flush=True)
+            fresh = freshness(pg, work, args.fresh_seconds, args.interval)
+            print(f"freshness under pgbench -n -c 4 -j 2 ({fresh['pgbench']['tps']} tps): "
+                  f"p50 {fresh['p50_ms']} ms, p99 {fresh['p99_ms']} ms, max "
+                  f"{fresh['max_ms']} ms (target p99 <= {FRESHNESS_TARGET_MS:.0f}: "
+                  f"{'met' if fresh['met'] else 'MISSED'})", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    doc = run.document({"scale": args.scale, "throughput": thr, "freshness": fr})
+    doc = run.document({"scale": args.scale, "snapshot": snap, "streaming": stream,
+                        "freshness": fresh})
     report.write_result(NAME, doc)
     chart(doc)
     return 0
 
 
 def chart(doc: dict[str, Any]) -> None:
-    thr, fr = doc["throughput"], doc["freshness"]
+    snap, stream, fresh = doc["snapshot"], doc["streaming"], doc["freshness"]
     report.bar_chart(NAME, "Ingestion from PostgreSQL", [
-        (f"snapshot, {thr['rows']:,} rows (rows/s)",
-         {"lamina snapshot": thr["snapshot_rows_per_s"],
-          "source alone": thr["source_only_rows_per_s"], "COPY": thr["copy_rows_per_s"]}),
-        (f"streaming, {thr['rows']:,} rows (rows/s)",
-         {"lamina streaming": thr["streaming_rows_per_s"],
-          "COPY": thr["copy_streamed_rows_per_s"]}),
-        (f"commit -> sealed at {fr['rate_rows_per_s']:,} rows/s (ms)",
-         {"lamina p50": fr["p50_ms"], "lamina p99": fr["p99_ms"],
-          "target p99": fr["target_p99_ms"]}),
+        (f"snapshot, {snap['rows']:,} rows (rows/s)",
+         {"lamina snapshot": snap["snapshot_rows_per_s"],
+          "source alone": snap["source_only_rows_per_s"], "COPY": snap["copy_rows_per_s"]}),
+        (f"streaming a pgbench backlog (changes/s, {stream['ratio']}x)",
+         {"lamina ingest": stream["lamina_changes_per_s"],
+          "pg_recvlogical": stream["pg_recvlogical_changes_per_s"]}),
+        (f"commit -> sealed under pgbench, {fresh['pgbench']['tps']} tps (ms)",
+         {"lamina p50": fresh["p50_ms"], "lamina p99": fresh["p99_ms"],
+          "target p99": fresh["target_p99_ms"]}),
     ], ylabel="", note=f"load average {doc['load_average']['before'][0]} before, "
                        f"{doc['load_average']['after'][0]} after")
 

@@ -155,7 +155,7 @@ def verify(scale: float, answer: dict[str, Any]) -> str:
     """Lamina's merged batch against the reference executor's merge of the same parents."""
     from tests.compacter.workload import assert_same_tables, batch_table
 
-    from lamina.trace import reference
+    from lamina.compacter.executors import reference
     from lamina.trace.plan import plan_merge
     from lamina.trace.trace import Trace
 

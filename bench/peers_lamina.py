@@ -76,16 +76,15 @@ def _settled(data: Path) -> tuple[bool, dict[str, Any]]:
     caught up with the sealed upper and no merge is due (no two adjacent batches share a
     level), as Delta's maintenance has finished when its run ends. Until then the bytes
     on disk would count a merge half written and the batches it is about to replace."""
-    from lamina.layout import Layout
+    from lamina.datadir import DataDir
     from lamina.status import relation_status
     from lamina.trace.plan import plan_merge
-    from lamina.trace.view import current_state
 
-    layout = Layout(data)
+    layout = DataDir(data)
     status = relation_status(layout, RELATION)
     if status["trace_upper"] != status["sealed_upper"]:
         return False, status
-    state = current_state(layout, layout.read_meta(RELATION))
+    state = layout.relation(RELATION).state()
     return state is not None and plan_merge(state) is None, status
 
 

@@ -7,7 +7,7 @@ each, segment_bytes large enough that it never rotates, fsync "never"), then tim
 
 - ``lamina.wal.reader.frontiers`` (what a subscription runs whenever the WAL changed, and
   what ``Relation.upper``/``since`` run) and a full ``scan_file`` of the same segment;
-- one subscription interval (``lamina.subscribe.interval_updates``) after one more append
+- one subscription interval (``lamina.read.subscribe.interval_updates``) after one more append
   and seal: with the subscription's warm ``TailCache`` (only the new records are read) and
   without one (the whole open segment decoded, as every interval did before the cache
   kept the open segment).
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from lamina import Store
-from lamina.subscribe import TailCache, interval_updates
+from lamina.read.subscribe import TailCache, interval_updates
 from lamina.wal.reader import frontiers
 from lamina.wal.segment import list_segments, scan_file
 
@@ -73,7 +73,7 @@ def main() -> None:
               f"frontiers {poll:.2f} ms, full scan_file {full:.2f} ms "
               f"(median of {args.repeat})")
         cache = TailCache(rel.meta)
-        interval_updates(store.layout, rel.meta, 0, t, cache)  # warm: the whole segment
+        interval_updates(rel.files, 0, t, cache)  # warm: the whole segment
         one = pa.table({"id": ids[:1], "v": ids[:1], "_time": pa.array([0], pa.uint64()),
                         "_diff": pa.array([1], pa.int64())})
         warm, cold = [], []
@@ -81,10 +81,10 @@ def main() -> None:
             rel.append(one.set_column(2, "_time", pa.array([t], pa.uint64())))
             rel.seal(t + 1)
             start = time.perf_counter()
-            a = interval_updates(store.layout, rel.meta, t, t + 1, cache)
+            a = interval_updates(rel.files, t, t + 1, cache)
             warm.append(time.perf_counter() - start)
             start = time.perf_counter()
-            b = interval_updates(store.layout, rel.meta, t, t + 1)
+            b = interval_updates(rel.files, t, t + 1)
             cold.append(time.perf_counter() - start)
             assert a.equals(b)
             assert a.num_rows == 1

@@ -41,8 +41,9 @@ from bench import report
 from bench.dataset import CACHE, SCHEMA, merge_input
 from bench.procs import median, serve_ready, start_serve, stop_group
 from lamina import Store
+from lamina.datadir import DataDir
 from lamina.fs import FileSystem
-from lamina.layout import Layout, TraceLayout
+from lamina.layout import TraceLayout
 from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, new_id, write_part
@@ -88,7 +89,7 @@ def recovery_input(scale: float) -> Path:
     started = time.monotonic()
     rng = np.random.default_rng(13)
     per_relation = round(WAL_BYTES * scale) // RELATIONS
-    layout = Layout(root)
+    layout = DataDir(root)
     for r in range(RELATIONS):
         name = f"rel{r:02d}"
         with Store.open(root, fsync="never", segment_bytes=4096) as store:
@@ -172,7 +173,7 @@ def start_to_ready(source: Path, work: Path) -> dict[str, Any]:
 
 def read_states(root: Path) -> float:
     """Seconds to load and parse every relation's newest trace state."""
-    layout = Layout(root)
+    layout = DataDir(root)
     fs = FileSystem()
     started = time.monotonic()
     for name in layout.relation_names():

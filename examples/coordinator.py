@@ -2,7 +2,7 @@
 
 Run the daemon in one terminal (``make run``) and this in another::
 
-    .venv/bin/python examples/coordinator.py --data-dir lamina-data --seconds 30
+    .venv/bin/python examples/coordinator.py --data-dir lamina-data --seconds 10
 
 Each tick it inserts a few orders, retracts some older ones (diff -1), schedules a few
 "future" updates (times beyond the current upper, legal and applied only once their time

@@ -75,6 +75,24 @@ def test_append_refuses_a_diff_outside_the_bound(tmp_path: Path, diff: int) -> N
         assert rows_of(rel.snapshot(5)) == [(1, "a", 1), (2, "b", 1)]
 
 
+def test_the_bound_is_checked_in_every_chunk_and_slice() -> None:
+    """check_diffs reads the diffs of a table of several chunks, sliced (its check runs
+    over the value buffers): an offending diff in any chunk is found, one sliced away is
+    not."""
+    from lamina.schema import RelationMeta, check_diffs, conform_updates
+
+    meta = RelationMeta.new("orders", ORDERS, ["id"])
+    ok = conform_updates(meta, updates([(1, "a", 0, 1), (2, "b", 0, -MAX_DIFF)]))
+    bad = conform_updates(meta, updates([(3, "c", 0, MAX_DIFF + 1), (4, "d", 0, 2)]))
+    chunked = pa.concat_tables([ok, ok.slice(0, 0), bad, ok])
+    assert chunked.column("_diff").num_chunks == 4
+    for table in (chunked, chunked.slice(2), chunked.slice(1, 2)):
+        with pytest.raises(DiffOutOfRangeError, match="update"):
+            check_diffs(meta, table)
+    for table in (chunked.slice(0, 2), chunked.slice(3, 3), chunked.slice(0, 0)):
+        assert check_diffs(meta, table) is table
+
+
 def test_the_bound_itself_is_accepted(tmp_path: Path) -> None:
     with Store.open(tmp_path / "d") as store:
         rel = store.create_relation("orders", ORDERS, key=["id"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lamina.compacter.executors import reference
 from lamina.errors import StorageError, WriterFailedError
 from lamina.fs import FileSystem
 from lamina.objstore.local import LocalObjectStore
@@ -26,7 +27,6 @@ from lamina.testing.faults import (
     InjectingFileSystem,
     Op,
 )
-from lamina.trace import reference
 from lamina.trace.plan import plan_conversion
 from lamina.trace.trace import Trace
 from tests.trace.helpers import KEY, NAME, SCHEMA, Oracle, check_snapshots, pending_spans
@@ -217,7 +217,7 @@ def test_production_path_never_imports_the_test_seams() -> None:
     """The fault-injection layers live in ``lamina.testing``, which nothing on the
     production path imports: the library, the CLI, the daemon and the drill (which selects
     its faults through fail points, not these file systems)."""
-    code = ("import sys, lamina, lamina.store, lamina.read, lamina.cli.main, "
+    code = ("import sys, lamina, lamina.store, lamina.read.snapshot, lamina.cli.main, "
             "lamina.compacter.daemon, lamina.compacter.step.driver, lamina.drill.driver, "
             "lamina.drill.workload, lamina.verify\n"
             "print(sorted(m for m in sys.modules if m.startswith('lamina.testing')))")

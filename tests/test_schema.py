@@ -110,7 +110,7 @@ def test_meta_json_round_trip_and_layout() -> None:
     doc = json.loads(meta.to_json())
     assert set(doc) == {"format_version", "name", "relation_id", "schema", "columns", "key",
                         "created_at"}
-    assert doc["format_version"] == FORMAT_VERSION
+    assert doc["format_version"] == 1  # no time unit: the version every lamina reads
     assert doc["columns"] == ["a: string", "b: int64", "c: double"]
     back = RelationMeta.from_json(meta.to_json())
     assert back == meta
@@ -121,6 +121,25 @@ def test_meta_json_round_trip_and_layout() -> None:
     assert meta.update_schema.field(DIFF).type == pa.int64()
 
 
+def test_a_time_unit_is_format_version_2_and_version_1_still_reads() -> None:
+    """The format version rule (lamina.schema): a relation with a time unit is written as
+    version 2 with ``time_unit``; one without is version 1, exactly the fields an older
+    lamina wrote, and reads back with no unit; an unknown unit is refused."""
+    meta = RelationMeta.new("clicks", ORDERS, ["id"], time_unit="ms")
+    doc = json.loads(meta.to_json())
+    assert doc["format_version"] == FORMAT_VERSION == 2
+    assert doc["time_unit"] == "ms"
+    assert RelationMeta.from_json(meta.to_json()) == meta
+    old = json.loads(RelationMeta.new("old", ORDERS, None).to_json())
+    assert "time_unit" not in old
+    assert RelationMeta.from_json(json.dumps(old).encode()).time_unit is None
+    with pytest.raises(InvalidArgumentError, match="time_unit"):
+        RelationMeta.new("x", ORDERS, None, time_unit="s")
+    doc["time_unit"] = "fortnights"
+    with pytest.raises(CorruptionError, match="time unit"):
+        RelationMeta.from_json(json.dumps(doc).encode(), "/x/relation.json")
+
+
 def test_relation_ids_differ_between_incarnations() -> None:
     """Each RelationMeta.new mints a fresh relation_id."""
     assert RelationMeta.new("r", ORDERS, None).relation_id != \
@@ -128,7 +147,8 @@ def test_relation_ids_differ_between_incarnations() -> None:
 
 
 @pytest.mark.parametrize("mutate", [
-    lambda d: d.update(format_version=2),
+    lambda d: d.update(format_version=3),
+    lambda d: d.update(format_version=2),  # version 2 must carry time_unit
     lambda d: d.pop("schema"),
     lambda d: d.update(schema="not base64 arrow"),
     lambda d: d.update(name="Bad/Name"),

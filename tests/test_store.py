@@ -9,6 +9,8 @@ updates are exercised on the way.
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import errno
 import os
 import subprocess
@@ -17,6 +19,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import duckdb
+import pandas as pd
+import polars as pl
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings
@@ -32,6 +37,7 @@ from hypothesis.stateful import (
 from lamina import CLOSED, LaminaError, Store
 from lamina.errors import (
     AsOfOutOfRangeError,
+    ConfigError,
     DiffOverflowError,
     FrontierRegressionError,
     InvalidArgumentError,
@@ -217,6 +223,29 @@ BAD_CALLS: list[tuple[str, Call, type[LaminaError]]] = [
         updates([(9, "z", 7, 1)])), LockedError),
     ("second writer seals", lambda s: Store.open(s.layout.root).relation(NAME).seal(9),
      LockedError),
+    ("read-only append", lambda s: Store.open(s.layout.root, read_only=True).relation(
+        NAME).append(updates([(9, "z", 7, 1)])), InvalidArgumentError),
+    ("read-only seal", lambda s: Store.open(s.layout.root, read_only=True).relation(
+        NAME).seal(9), InvalidArgumentError),
+    ("read-only compaction", lambda s: Store.open(s.layout.root, read_only=True).relation(
+        NAME).allow_compaction(4), InvalidArgumentError),
+    ("read-only create", lambda s: Store.open(s.layout.root, read_only=True)
+     .create_relation("r2", ORDERS), InvalidArgumentError),
+    ("read-only drop", lambda s: Store.open(s.layout.root, read_only=True).drop_relation(NAME),
+     InvalidArgumentError),
+    ("read-only trace_url", lambda s: Store.open(s.layout.root, read_only=True,
+                                                 trace_url="s3://b/p"), InvalidArgumentError),
+    ("polars frame without _diff", lambda s: s.relation(NAME).append(pl.DataFrame(
+        {"id": [9], "item": ["z"], "_time": pl.Series([7], dtype=pl.UInt64)})), SchemaError),
+    ("pandas frame with float ids", lambda s: s.relation(NAME).append(pd.DataFrame(
+        {"id": [9.5], "item": ["z"], "_time": [7], "_diff": [1]})), SchemaError),
+    ("pandas frame of mixed objects", lambda s: s.relation(NAME).append(pd.DataFrame(
+        {"id": [9, "nine"], "item": ["z", "y"], "_time": [7, 7], "_diff": [1, 1]})),
+     SchemaError),
+    ("duckdb result with a text time", lambda s: s.relation(NAME).append(duckdb.sql(
+        "select 9::BIGINT as id, 'z' as item, 'soon' as _time, 1::BIGINT as _diff")),
+     SchemaError),
+    ("polars series", lambda s: s.relation(NAME).append(pl.Series([1, 2])), SchemaError),
     ("bad fsync policy", lambda s: Store.open(s.layout.root, fsync="later"),  # type: ignore[arg-type]
      InvalidArgumentError),
     ("tiny segments", lambda s: Store.open(s.layout.root, segment_bytes=100),
@@ -481,3 +510,116 @@ def test_no_stray_files(store: Store) -> None:
     names = sorted(os.listdir(store.layout.wal_dir(NAME)))
     assert names == ["0000000000000001.wal.open", "LOCK", "relation.json"]
     assert sorted(os.listdir(store.layout.wal)) == [NAME]
+
+
+# --- what append takes --------------------------------------------------------------------
+
+TYPED = pa.schema([("id", pa.int64()), ("item", pa.string()), ("at", pa.timestamp("us")),
+                   ("price", pa.decimal128(9, 2))])
+AT = datetime.datetime(2024, 1, 31, 12, 0, 0, 250)
+
+
+def test_append_takes_polars_duckdb_pandas_and_readers(data_dir: Path) -> None:
+    """Real polars and pandas DataFrames, a DuckDB result and a RecordBatchReader append the
+    same updates as a pa.Table: polars' string views, pandas' nanosecond timestamps and
+    int64 times, a pandas frame filtered (an index that is not 0..n-1, dropped) or indexed
+    by the key (a named index: a column), categorical strings."""
+    with Store.open(data_dir, fsync="never") as store:
+        rel = store.create_relation(NAME, TYPED, key=["id"])
+        price = decimal.Decimal("1.50")
+        rel.append(pl.DataFrame({"id": [1], "item": ["polars"], "at": [AT],
+                                 "price": [price], "_time": pl.Series([0], dtype=pl.UInt64),
+                                 "_diff": [1]}))
+        rel.append(duckdb.sql("select 2::BIGINT as id, 'duckdb' as item, TIMESTAMP "
+                              "'2024-01-31 12:00:00.00025' as at, 1.50::DECIMAL(9,2) as price,"
+                              " 0::UBIGINT as _time, 1::BIGINT as _diff"))
+        frame = pd.DataFrame({"id": [0, 3], "item": ["dropped", "pandas"],
+                              "at": pd.to_datetime([AT, AT]), "price": [price, price],
+                              "_time": [0, 0], "_diff": [1, 1]})
+        rel.append(frame[frame.id > 0])  # index [1]: not a column
+        rel.append(frame.assign(id=[4, 5], item=pd.Categorical(["indexed", "indexed"]))
+                   .set_index("id"))
+        reader = pa.RecordBatchReader.from_batches(
+            rel.meta.update_schema, pa.Table.from_pylist(
+                [{"id": 6, "item": "reader", "at": AT, "price": price, "_time": 0,
+                  "_diff": 1}], schema=rel.meta.update_schema).to_batches())
+        rel.append(reader)
+        rel.seal(1)
+        got = rel.snapshot(0).to_pylist()
+    assert [(r["id"], r["item"]) for r in got] == [
+        (1, "polars"), (2, "duckdb"), (3, "pandas"), (4, "indexed"), (5, "indexed"),
+        (6, "reader")]
+    assert {(r["at"], r["price"], r["_diff"]) for r in got} == {(AT, price, 1)}
+
+
+def test_append_refuses_a_lossy_conversion_and_writes_nothing(data_dir: Path) -> None:
+    with Store.open(data_dir, fsync="never") as store:
+        rel = store.create_relation(NAME, TYPED, key=["id"])
+        rel.seal(1)
+        before = tree_digest(data_dir)
+        finer = pd.DataFrame({"id": [1], "item": ["x"],
+                              "at": pd.to_datetime(["2024-01-31 12:00:00.000000001"]),
+                              "price": [decimal.Decimal("1.50")], "_time": [1], "_diff": [1]})
+        with pytest.raises(SchemaError, match="'at' cannot be converted from timestamp"):
+            rel.append(finer)
+        tz = finer.assign(at=pd.to_datetime([AT]).tz_localize("UTC"))
+        with pytest.raises(SchemaError, match="column 'at' has type timestamp"):
+            rel.append(tz)
+        with pytest.raises(SchemaError, match="updates must be a pyarrow Table"):
+            rel.append({"id": [1]})
+        assert tree_digest(data_dir) == before
+
+
+# --- read-only opening and the trace location's probe -------------------------------------
+
+def test_read_only_creates_nothing_and_refuses_what_is_not_a_data_dir(tmp_path: Path) -> None:
+    missing, empty = tmp_path / "missing", tmp_path / "empty"
+    empty.mkdir()
+    for root in (missing, empty):
+        with pytest.raises(InvalidArgumentError, match="is not a lamina data directory"):
+            Store.open(root, read_only=True)
+    assert not missing.exists()
+    assert list(empty.iterdir()) == []
+
+
+def test_read_only_reads_and_writes_nothing(store: Store) -> None:
+    root = store.layout.root
+    store.close()
+    before = tree_digest(root)
+    with Store.open(root, read_only=True) as ro:
+        rel = ro.relation(NAME)
+        assert (rel.upper, rel.since) == (5, 2)
+        assert as_rows(rel.snapshot(4)) == [(1, "a", 1), (2, "b", 1)]
+        assert list(rel.snapshot_reader(4))
+        assert as_rows(rel.lookup({"id": [2]}, 4)) == [(2, "b", 1)]
+        assert ro.relations() == [NAME]
+        with pytest.raises(InvalidArgumentError, match="opened read-only"):
+            rel.seal(9)
+    assert tree_digest(root) == before
+
+
+def test_an_s3_trace_url_is_probed_before_it_is_recorded(tmp_path: Path,
+                                                        s3_bucket: str) -> None:
+    """A real S3 server: the bucket answers the conditional-put probe and is recorded (the
+    probe leaves no object behind); a missing bucket and an endpoint nobody listens on are
+    refused with ConfigError, and nothing is created."""
+    from lamina.objstore.base import open_store
+    from lamina.objstore.s3 import S3Settings
+    from tests.objstore.s3server import free_port
+
+    url = f"s3://{s3_bucket}/traces"
+    with Store.open(tmp_path / "ok", trace_url=url) as store:
+        assert store.layout.trace_url() == url
+    assert open_store(f"s3://{s3_bucket}").list() == []
+
+    no_bucket = tmp_path / "no-bucket"
+    with pytest.raises(ConfigError, match=r"was not recorded.*does not exist"):
+        Store.open(no_bucket, trace_url=f"s3://{s3_bucket}-missing/traces")
+    assert not no_bucket.exists()
+
+    unreachable = tmp_path / "unreachable"
+    quick = S3Settings(endpoint=f"http://127.0.0.1:{free_port()}", max_retries=0,
+                       retry_timeout_s=2, connect_timeout_s=2, timeout_s=5)
+    with pytest.raises(ConfigError, match="was not recorded: the store could not be checked"):
+        Store.open(unreachable, trace_url=url, s3=quick)
+    assert not unreachable.exists()

@@ -2,8 +2,8 @@
 
 from lamina.errors import LaminaError
 from lamina.frontier import CLOSED
+from lamina.read.subscribe import Progress
 from lamina.store import Relation, Store
-from lamina.subscribe import Progress
 
 __all__ = ["CLOSED", "LaminaError", "Progress", "Relation", "Store"]
 __version__ = "0.1.0"

@@ -26,7 +26,8 @@ The tree is small on purpose; callers catch a branch, not a leaf:
   retried with backoff, :class:`SourceStalledError` (with a ``hint``) stalls outputs.
   :class:`SourceProtocolError`: upstream bytes break the wire protocol (message, byte).
 
-Every message says what was wrong and what to do about it.
+Every message says what was wrong and what to do about it, in bounded length: a damaged
+file is described (:func:`decode_failure`), never quoted.
 """
 
 from __future__ import annotations
@@ -193,3 +194,25 @@ class SourceStalledError(SourceError):
         self.error = message
         self.hint = hint
         self.table = table
+
+
+_QUOTED = 200
+"""Characters of a third-party message quoted by :func:`decode_failure`."""
+
+
+def decode_failure(exc: BaseException) -> str:
+    """What a parser's exception says about damaged bytes, in one short clause: the
+    ``repr`` of a ``UnicodeDecodeError`` carries the whole input (a damaged state file's
+    every byte), so messages about stored data describe it with this instead."""
+    import json
+
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at offset {exc.pos})"
+    if isinstance(exc, KeyError):
+        return f"field {str(exc.args[0])[:_QUOTED]!r} is missing"
+    text = " ".join(str(exc).split())
+    if len(text) > _QUOTED:
+        text = text[:_QUOTED - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -32,6 +32,8 @@ The points (each at a step boundary of the crash-safety rules, docs/architecture
 | ``wal.mid_record`` | the WAL writer has written half of a record |
 | ``wal.after_write`` | a record is written, before its fsync |
 | ``fs.before_rename`` / ``fs.after_rename`` | around every rename of the storage layer |
+| ``compacter.pack_task`` | a task of a pack starts (outside its step: fails the whole job) |
+| ``compacter.pack_collected`` | a pack's Spark job returned; none of its steps committed yet |
 | ``trace.after_batch_written`` | a conversion's files are durable, the state not yet |
 | ``trace.mid_merge`` | a merge's files are durable, the state not yet |
 | ``trace.after_state_published`` | the new state is durable, inputs not yet deleted |
@@ -58,8 +60,10 @@ from lamina.errors import ConfigError, StorageError
 ENV = "LAMINA_FAILPOINTS"
 SHARED_ENV = "LAMINA_FAILPOINTS_SHARED"
 NAMES = ("wal.mid_record", "wal.after_write", "fs.before_rename", "fs.after_rename",
-         "trace.after_batch_written", "trace.mid_merge", "trace.after_state_published",
-         "trace.mid_segment_delete", "gc.before_delete", "gc.after_delete",
+         "compacter.pack_task", "compacter.pack_collected",
+         "trace.after_batch_written", "trace.mid_merge",
+         "trace.after_state_published", "trace.mid_segment_delete", "gc.before_delete",
+         "gc.after_delete",
          "ingest.binding_sealed", "ingest.outputs_appended", "ingest.outputs_sealed",
          "ingest.offset_committed")
 _UNPARSED = "<LAMINA_FAILPOINTS not parsed yet>"  # ACTIVE's placeholder key, never a name

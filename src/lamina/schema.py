@@ -7,6 +7,13 @@
      "schema": "<base64 Arrow IPC schema>", "columns": ["id: int64", ...],
      "key": ["id"], "created_at": "2026-11-21T22:29:18Z"}
 
+and, for a relation that records the unit of its times (``time_unit``, lamina.frontier:
+``"ms"`` for epoch milliseconds), format version 2 with one more field,
+``"time_unit": "ms"``. **The format version rule**: a file is written in the lowest version
+that holds it (1 without a time unit, 2 with one), and this lamina reads both; a lamina
+that knows only version 1 still reads every relation without a time unit and refuses one
+with a unit, whose times it would not read as instants.
+
 ``relation_id`` tells incarnations of one name apart: a relation dropped and created again
 gets a new id, and trace state of the old one is never read as the new one's.
 
@@ -40,17 +47,28 @@ from __future__ import annotations
 import base64
 import json
 import re
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lamina.errors import CorruptionError, DiffOutOfRangeError, InvalidNameError, SchemaError
+from lamina.errors import (
+    CorruptionError,
+    DiffOutOfRangeError,
+    InvalidArgumentError,
+    InvalidNameError,
+    SchemaError,
+)
+from lamina.frontier import TIME_UNITS
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest ``relation.json`` version this lamina writes and reads (module docstring)."""
+FORMAT_VERSIONS = (1, 2)
 TIME = "_time"
 DIFF = "_diff"
 RESERVED = (TIME, DIFF)
@@ -84,12 +102,19 @@ class RelationMeta:
     schema: pa.Schema
     key: tuple[str, ...]
     created_at: str
-    format_version: int = FORMAT_VERSION
+    time_unit: str | None = None
+    """What the relation's times count: ``"ms"`` (epoch milliseconds) or None (plain
+    integers); lamina.frontier."""
+    format_version: int = 1
 
     @classmethod
     def new(cls, name: str, schema: pa.Schema,
-            key: list[str] | tuple[str, ...] | None) -> RelationMeta:
+            key: list[str] | tuple[str, ...] | None,
+            time_unit: str | None = None) -> RelationMeta:
         validate_name(name)
+        if time_unit is not None and time_unit not in TIME_UNITS:
+            raise InvalidArgumentError(f"time_unit must be one of {list(TIME_UNITS)} or None "
+                                       f"(plain integers), got {time_unit!r}")
         if not isinstance(schema, pa.Schema):
             raise SchemaError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
         if len(schema) == 0:
@@ -114,7 +139,8 @@ class RelationMeta:
             raise SchemaError(f"key columns repeat: {list(key_t)}")
         clean = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
         return cls(name=name, relation_id=uuid.uuid4().hex, schema=clean, key=key_t,
-                   created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                   created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   time_unit=time_unit, format_version=1 if time_unit is None else 2)
 
     @property
     def row_columns(self) -> list[str]:
@@ -146,6 +172,8 @@ class RelationMeta:
             "key": list(self.key),
             "created_at": self.created_at,
         }
+        if self.format_version >= 2:
+            doc["time_unit"] = self.time_unit
         return (json.dumps(doc, indent=2) + "\n").encode()
 
     @classmethod
@@ -153,13 +181,18 @@ class RelationMeta:
         try:
             doc = json.loads(data)
             version = int(doc["format_version"])
-            if version != FORMAT_VERSION:
+            if version not in FORMAT_VERSIONS:
                 raise CorruptionError(f"relation.json has format version {version}; this "
-                                      f"lamina reads version {FORMAT_VERSION}", path=str(path))
+                                      f"lamina reads versions {list(FORMAT_VERSIONS)}",
+                                      path=str(path))
+            unit = doc["time_unit"] if version >= 2 else None
+            if unit is not None and unit not in TIME_UNITS:
+                raise CorruptionError(f"relation.json has time unit {unit!r}; this lamina "
+                                      f"knows {list(TIME_UNITS)}", path=str(path))
             schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"])))
             return cls(name=validate_name(doc["name"]), relation_id=str(doc["relation_id"]),
                        schema=schema, key=tuple(doc["key"]), created_at=str(doc["created_at"]),
-                       format_version=version)
+                       time_unit=unit, format_version=version)
         except CorruptionError:
             raise
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError,
@@ -167,27 +200,51 @@ class RelationMeta:
             raise CorruptionError(f"relation.json is unreadable: {exc}", path=str(path)) from exc
 
 
-def conform_updates(meta: RelationMeta, data: pa.Table | pa.RecordBatch) -> pa.Table:
-    """Check ``data`` against the relation and return it as a table of exactly
-    ``meta.update_schema`` (columns reordered, integer and other types cast where the cast
-    is lossless). Raises SchemaError naming the offending column."""
+UPDATE_INPUTS = ("a pyarrow Table, RecordBatch or RecordBatchReader, an object exporting the "
+                 "Arrow C stream (__arrow_c_stream__: polars, DuckDB) or a pandas DataFrame")
+
+
+def to_table(data: object) -> pa.Table:
+    """``data`` as a ``pa.Table``: a Table or RecordBatch as it is; a pandas DataFrame
+    through ``pa.Table.from_pandas`` (a named index becomes a column, an unnamed one is
+    dropped); anything else that exports the Arrow C stream (``__arrow_c_stream__``: a
+    RecordBatchReader, polars, DuckDB results) read whole. pandas is never imported here: a
+    DataFrame exists only once its caller imported pandas. Anything else, or an input the
+    conversion refuses, raises SchemaError."""
+    if isinstance(data, pa.Table):
+        return data
     if isinstance(data, pa.RecordBatch):
-        data = pa.Table.from_batches([data])
-    if not isinstance(data, pa.Table):
-        raise SchemaError(f"updates must be a pyarrow Table or RecordBatch, got "
-                          f"{type(data).__name__}")
+        return pa.Table.from_batches([data])
+    pd = sys.modules.get("pandas")
+    try:
+        if pd is not None and isinstance(data, pd.DataFrame):
+            named = any(n is not None for n in data.index.names)
+            return pa.Table.from_pandas(data, preserve_index=named)
+        if hasattr(data, "__arrow_c_stream__"):
+            return pa.RecordBatchReader.from_stream(data).read_all()
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise SchemaError(f"updates of type {type(data).__name__} could not be converted to "
+                          f"Arrow: {' '.join(str(exc).split())[:300]}") from exc
+    raise SchemaError(f"updates must be {UPDATE_INPUTS}; got {type(data).__name__}")
+
+
+def conform_updates(meta: RelationMeta, data: object) -> pa.Table:
+    """Check ``data`` (what :func:`to_table` takes) against the relation and return it as a
+    table of exactly ``meta.update_schema`` (columns reordered, types cast where the cast is
+    lossless: :func:`_castable`). Raises SchemaError naming the offending column."""
+    table = to_table(data)
     want = meta.update_schema
-    if data.schema.equals(want) or data.schema.equals(meta.loose_update_schema):
+    if table.schema.equals(want) or table.schema.equals(meta.loose_update_schema):
         # The common case, decided in C: right names, order and types. Only nulls in
         # non-nullable columns remain to be checked.
-        columns = data.columns
+        columns = table.columns
         for field, col in zip(want, columns, strict=True):
             if not field.nullable and col.null_count:
                 raise _nulls_error(field, col)
         return pa.Table.from_arrays(columns, schema=want)
-    have = set(data.column_names)
+    have = set(table.column_names)
     missing = [n for n in want.names if n not in have]
-    extra = [n for n in data.column_names if n not in want.names]
+    extra = [n for n in table.column_names if n not in want.names]
     if missing or extra:
         parts = []
         if missing:
@@ -196,11 +253,11 @@ def conform_updates(meta: RelationMeta, data: pa.Table | pa.RecordBatch) -> pa.T
             parts.append(f"unexpected columns {extra}")
         raise SchemaError(f"updates for relation {meta.name!r} do not match its schema: "
                           f"{'; '.join(parts)} (expected {want.names})")
-    if len(set(data.column_names)) != len(data.column_names):
-        raise SchemaError(f"updates repeat a column: {data.column_names}")
+    if len(set(table.column_names)) != len(table.column_names):
+        raise SchemaError(f"updates repeat a column: {table.column_names}")
     columns = []
     for field in want:
-        col = data.column(field.name)
+        col = table.column(field.name)
         if col.type != field.type:
             if not _castable(col.type, field.type):
                 raise SchemaError(f"column {field.name!r} has type {col.type}, relation "
@@ -226,8 +283,11 @@ def check_diffs(meta: RelationMeta, table: pa.Table) -> pa.Table:
     ``[-MAX_DIFF, MAX_DIFF]``; else raise DiffOutOfRangeError naming the first offending
     update (its index, row, time and diff), how many there are, and the bound."""
     diffs = table.column(DIFF)
-    lo, hi = pc.min_max(diffs).values()
-    if not lo.is_valid or (lo.as_py() >= -MAX_DIFF and hi.as_py() <= MAX_DIFF):
+    # numpy over the value buffers (no nulls: _diff is not nullable): per append, Arrow's
+    # function dispatch for pc.min_max cost several times the pass (docs/performance.md)
+    if all(int(a.min()) >= -MAX_DIFF and int(a.max()) <= MAX_DIFF for a in (
+            np.frombuffer(c.buffers()[1], np.int64, len(c), c.offset * 8)
+            for c in diffs.chunks if len(c))):
         return table
     bad = pc.or_(pc.less(diffs, pa.scalar(-MAX_DIFF, pa.int64())),
                  pc.greater(diffs, pa.scalar(MAX_DIFF, pa.int64())))
@@ -252,10 +312,20 @@ def _nulls_error(field: pa.Field, col: pa.ChunkedArray) -> SchemaError:
 
 
 def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
-    """Casts accepted on input: integer to integer (range-checked) and between
-    string/large_string, binary/large_binary; nothing that changes meaning."""
+    """Casts accepted on input, each checked so that no value changes (``safe=True``):
+    integer to integer (range-checked), timestamp units of one timezone (a value that needs
+    finer than ``dst``'s unit is refused), decimal to decimal (precision and scale
+    checked), the large and view variants of string and binary (what polars and pandas
+    export), dictionary-encoded columns to their values; nothing that changes meaning."""
+    if pa.types.is_dictionary(src):
+        return bool(src.value_type == dst) or _castable(src.value_type, dst)
     if pa.types.is_integer(src) and pa.types.is_integer(dst):
         return True
+    if pa.types.is_timestamp(src) and pa.types.is_timestamp(dst):
+        return bool(src.tz == dst.tz)
+    if pa.types.is_decimal(src) and pa.types.is_decimal(dst):
+        return True
     pairs = {(pa.large_string(), pa.string()), (pa.large_binary(), pa.binary()),
+             (pa.string_view(), pa.string()), (pa.binary_view(), pa.binary()),
              (pa.null(), dst)}
     return (src, dst) in pairs

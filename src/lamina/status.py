@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from lamina.datadir import DataDir
 from lamina.errors import CorruptionError, RelationNotFoundError
-from lamina.layout import Layout
-from lamina.trace.view import current_state
-from lamina.wal.reader import backlog, frontiers
+from lamina.wal.reader import backlog
 
 KEYS = ("name", "sealed_upper", "since", "trace_upper", "wal_segments_pending",
         "wal_bytes_pending", "batches_by_level", "trace_bytes", "quarantined")
 
 
-def relation_status(layout: Layout, name: str) -> dict[str, Any]:
+def relation_status(layout: DataDir, name: str) -> dict[str, Any]:
     """The status of one relation; fields that cannot be read are None."""
     out: dict[str, Any] = dict.fromkeys(KEYS)
     out.update(name=name, quarantined=layout.quarantine_reason(name) is not None,
@@ -27,9 +26,9 @@ def relation_status(layout: Layout, name: str) -> dict[str, Any]:
                trace_bytes=0, trace_upper=0)
     wal_dir = layout.wal_dir(name)
     try:
-        meta = layout.read_meta(name)
-        out["sealed_upper"], out["since"] = frontiers(wal_dir, name)
-        state = current_state(layout, meta)
+        files = layout.relation(name)
+        out["sealed_upper"], out["since"] = files.frontiers()
+        state = files.state()
     except (FileNotFoundError, RelationNotFoundError):
         return out
     except CorruptionError:
@@ -45,5 +44,5 @@ def relation_status(layout: Layout, name: str) -> dict[str, Any]:
     return out
 
 
-def store_status(layout: Layout) -> list[dict[str, Any]]:
+def store_status(layout: DataDir) -> list[dict[str, Any]]:
     return [relation_status(layout, name) for name in layout.relation_names()]

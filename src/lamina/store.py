@@ -3,8 +3,10 @@
 A Store is a data directory. Relations are created with a schema and key columns; a
 :class:`Relation` handle writes through a :class:`~lamina.wal.log.WalWriter`, taken on the
 first write (so that processes that only read, such as ``lamina snapshot``, never contend
-for the writer lock), and reads through :mod:`lamina.read`, which combines the trace, its
-pending area and the WAL segments not yet converted into one consistent view.
+for the writer lock), and reads through :mod:`lamina.read` (its docstring is the read
+contract), which combines the trace, its pending area and the WAL segments not yet
+converted into one consistent view, over the relation's files
+(:class:`lamina.datadir.RelationFiles`).
 
 Every call validates its arguments before touching the disk: a rejected call changes
 nothing.
@@ -17,41 +19,50 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from lamina.datadir import DEFAULT_LEASE_SECONDS, DataDir, RelationFiles
 from lamina.errors import (
+    ConfigError,
     CorruptionError,
     InvalidArgumentError,
     RelationExistsError,
     RelationNotFoundError,
+    StorageError,
 )
+from lamina.frontier import frontier_arg
 from lamina.fs import FileSystem
-from lamina.layout import LOCK_NAME, META_NAME, Layout
-from lamina.read import snapshot
+from lamina.layout import LOCK_NAME, META_NAME
+from lamina.read.snapshot import snapshot
 from lamina.schema import RelationMeta, check_diffs, conform_updates, validate_name
 from lamina.wal.log import FSYNC_POLICIES, FsyncPolicy, WalWriter
-from lamina.wal.reader import frontiers
-from lamina.wal.segment import encode_header, opening_records, segment_name
+from lamina.wal.record import COMPRESSIONS, DEFAULT_COMPRESSION, Compression
+from lamina.wal.segment import encode_header, opening_records, segment_name, version_for
 
 if TYPE_CHECKING:
-    from lamina.lookup import KeyIndex
     from lamina.objstore.s3 import S3Settings
-    from lamina.subscribe import Progress
+    from lamina.read.lookup import KeyIndex
+    from lamina.read.subscribe import Progress
 
 
 
 class Store:
     """A lamina data directory: ``wal/`` for the logs, the traces under ``trace/`` or at
-    the URL the directory records (:meth:`lamina.layout.Layout.trace_url`)."""
+    the URL the directory records (:meth:`lamina.datadir.DataDir.trace_url`)."""
 
     def __init__(self, root: Path, *, segment_bytes: int, segment_max_age_seconds: float,
                  fsync: FsyncPolicy, fsync_interval: float, fs: FileSystem,
-                 s3: S3Settings | None = None) -> None:
-        self.layout = Layout(root, s3=s3)
+                 s3: S3Settings | None = None, read_only: bool = False,
+                 wal_compression: Compression = DEFAULT_COMPRESSION,
+                 lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+        self.layout = DataDir(root, s3=s3, lease_seconds=lease_seconds)
+        self.read_only = read_only
+        self.wal_compression: Compression = wal_compression
         self.segment_bytes = segment_bytes
         self.segment_max_age_seconds = segment_max_age_seconds
         self.fsync: FsyncPolicy = fsync
@@ -66,8 +77,15 @@ class Store:
              segment_bytes: int = 64 << 20, segment_max_age_seconds: float = 60.0,
              fsync: FsyncPolicy = "always", fsync_interval: float = 0.1,
              fs: FileSystem | None = None, trace_url: str | None = None,
-             s3: S3Settings | None = None) -> Store:
+             s3: S3Settings | None = None, read_only: bool = False,
+             wal_compression: Compression = DEFAULT_COMPRESSION,
+             lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Store:
         """Open (creating if needed) the data directory at ``path``.
+
+        ``read_only=True`` opens an existing data directory for reading: it creates nothing,
+        refuses a path that is not a data directory (InvalidArgumentError, one line), and
+        every write through it (create, drop, append, seal, allow_compaction) is refused
+        with InvalidArgumentError.
 
         A WAL segment finishes (and becomes work for the compacter) at a seal once it has
         passed ``segment_bytes``, or once it is older than ``segment_max_age_seconds`` and
@@ -78,8 +96,18 @@ class Store:
         ``trace_url`` (``file:///abs/dir`` or ``s3://bucket/prefix``) records where the
         compacter keeps this directory's traces, once: a directory created without one keeps
         them under ``trace/``, and a different URL later is a :class:`ConfigError` that
-        changes nothing. ``s3``: explicit settings for reading an ``s3://`` trace (unset
-        fields come from the standard AWS environment)."""
+        changes nothing. An ``s3://`` URL is probed before it is recorded (a conditional
+        create must be refused the second time: lamina.objstore.probe): a store that cannot
+        be reached or does not honour conditional puts is refused with ConfigError and
+        nothing is created or recorded. ``s3``: explicit settings for an ``s3://`` trace
+        (unset fields come from the standard AWS environment).
+
+        ``wal_compression`` ("none", "lz4" or "zstd"): how appends write their updates'
+        buffers into the WAL (lamina.wal.record; docs/performance.md has what each costs
+        an append and saves on disk). Every reader reads every setting, so it may change
+        from one open to the next. ``lease_seconds``: how long a read's lease on its trace
+        files outlives this process if it dies (renewed while it lives; docs/reading.md,
+        "Leases")."""
         if fsync not in FSYNC_POLICIES:
             raise InvalidArgumentError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
@@ -91,17 +119,31 @@ class Store:
                                        f"{segment_max_age_seconds!r}")
         if not fsync_interval > 0:
             raise InvalidArgumentError(f"fsync_interval must be > 0, got {fsync_interval!r}")
+        if wal_compression not in COMPRESSIONS:
+            raise InvalidArgumentError(f"wal_compression must be one of {COMPRESSIONS}, got "
+                                       f"{wal_compression!r}")
+        if isinstance(lease_seconds, bool) or not (
+                isinstance(lease_seconds, int | float) and 1 <= lease_seconds <= 86400):
+            raise InvalidArgumentError(f"lease_seconds must be a number of seconds in "
+                                       f"[1, 86400], got {lease_seconds!r}")
         root = Path(path)
         fs = fs or FileSystem()
         if root.exists() and not root.is_dir():
             raise InvalidArgumentError(f"{root} exists and is not a directory")
-        if trace_url is not None:  # a malformed URL is refused before anything is created
-            from lamina.objstore.base import open_store
-
-            open_store(trace_url.rstrip("/"), s3)
         store = cls(root, segment_bytes=segment_bytes,
                     segment_max_age_seconds=float(segment_max_age_seconds), fsync=fsync,
-                    fsync_interval=fsync_interval, fs=fs, s3=s3)
+                    fsync_interval=fsync_interval, fs=fs, s3=s3, read_only=read_only,
+                    wal_compression=wal_compression, lease_seconds=float(lease_seconds))
+        if read_only:
+            if trace_url is not None:
+                raise InvalidArgumentError("a read-only store cannot record a trace_url; "
+                                           "open it writable once to record one")
+            if not store.layout.wal.is_dir():
+                raise InvalidArgumentError(f"{root} is not a lamina data directory (no wal/ "
+                                           "inside); nothing was created")
+            return store
+        if trace_url is not None:  # refused before anything is created
+            _probe_trace_url(store.layout, trace_url.rstrip("/"))
         fs.makedirs(store.layout.wal)
         if trace_url is not None:
             store.layout.record_trace_url(trace_url, fs)
@@ -111,10 +153,13 @@ class Store:
 
     # --- relations ------------------------------------------------------------------------
     def create_relation(self, name: str, schema: pa.Schema,
-                        key: list[str] | tuple[str, ...] | None = None) -> Relation:
-        """Create a relation; its directory appears whole or not at all."""
-        self._check_open()
-        meta = RelationMeta.new(name, schema, key)
+                        key: list[str] | tuple[str, ...] | None = None, *,
+                        time_unit: str | None = None) -> Relation:
+        """Create a relation; its directory appears whole or not at all. ``time_unit``:
+        ``"ms"`` if its times are milliseconds since the Unix epoch (every time argument
+        then also takes a timezone-aware datetime), None for plain integers."""
+        self._check_writable("create_relation")
+        meta = RelationMeta.new(name, schema, key, time_unit)
         final = self.layout.wal_dir(name)
         if final.exists():
             raise RelationExistsError(f"relation {name!r} already exists; open it with "
@@ -127,7 +172,8 @@ class Store:
             first = staging / segment_name(1, finished=False)
             handle = self.fs.open_append(first, create=True)
             try:
-                handle.write(encode_header(name, 1) + opening_records(0, 0))
+                handle.write(encode_header(name, 1, version_for(self.wal_compression))
+                             + opening_records(0, 0))
                 handle.sync()
             finally:
                 handle.close()
@@ -149,9 +195,9 @@ class Store:
             rel = self._relations.get(name)
             if rel is not None and not rel.dropped:
                 return rel
-            meta = self.layout.read_meta(name)
-            self.layout.check_not_quarantined(name)
-            rel = Relation(self, meta)
+            files = self.layout.relation(name)
+            files.check_not_quarantined()
+            rel = Relation(self, files)
             self._relations[name] = rel
             return rel
 
@@ -162,7 +208,7 @@ class Store:
         """Remove a relation: its WAL leaves the namespace atomically; the compacter removes
         its trace. The name can be created again at once."""
         rel = self.relation(name)
-        writer = rel._writer_or_open()
+        writer = rel._writer_or_open("drop_relation")
         dropped = self.layout.dropped / f"{name}.{rel.meta.relation_id}"
         self.fs.makedirs(self.layout.dropped)
         try:
@@ -187,6 +233,13 @@ class Store:
         if self._closed:
             raise InvalidArgumentError("the store is closed")
 
+    def _check_writable(self, what: str) -> None:
+        self._check_open()
+        if self.read_only:
+            raise InvalidArgumentError(f"{what} refused: the store {self.layout.root} was "
+                                       "opened read-only (Store.open(path) opens it for "
+                                       "writing); nothing was written")
+
     def __enter__(self) -> Store:
         return self
 
@@ -195,12 +248,31 @@ class Store:
         self.close()
 
 
+def _probe_trace_url(layout: DataDir, url: str) -> None:
+    """Refuse ``url`` (ConfigError) unless it is already this directory's trace location or
+    its store answers the conditional-put probe: a bucket nobody checked is never recorded."""
+    from lamina.objstore.base import open_store
+    from lamina.objstore.probe import check_conditional_put
+
+    root = open_store(url, layout.s3)  # a malformed URL is refused here
+    if url.startswith("file:") or url == layout.trace_url():
+        return
+    try:
+        check_conditional_put(root)
+    except StorageError as exc:
+        raise ConfigError(f"trace_url {url} was not recorded: the store could not be "
+                          f"checked ({exc}); nothing was created") from None
+    except ConfigError as exc:
+        raise ConfigError(f"trace_url {url} was not recorded: {exc}") from None
+
+
 class Relation:
     """A named collection of updates. Obtain through :class:`Store`."""
 
-    def __init__(self, store: Store, meta: RelationMeta) -> None:
+    def __init__(self, store: Store, files: RelationFiles) -> None:
         self.store = store
-        self.meta = meta
+        self.files = files
+        self.meta = files.meta
         self.dropped = False
         self._writer: WalWriter | None = None
         self._mu = threading.Lock()
@@ -220,15 +292,16 @@ class Relation:
 
     @property
     def wal_dir(self) -> Path:
-        return self.store.layout.wal_dir(self.name)
+        return self.files.wal_dir
 
     def _check_usable(self) -> None:
         self.store._check_open()
         if self.dropped:
             raise RelationNotFoundError(f"relation {self.name!r} was dropped")
 
-    def _writer_or_open(self) -> WalWriter:
+    def _writer_or_open(self, what: str) -> WalWriter:
         self._check_usable()
+        self.store._check_writable(what)
         with self._mu:
             if self._writer is None:
                 self.store.layout.check_not_quarantined(self.name)
@@ -237,32 +310,42 @@ class Relation:
                                              fsync=self.store.fsync,
                                              segment_bytes=self.store.segment_bytes,
                                              segment_max_age=self.store.segment_max_age_seconds,
-                                             fsync_interval=self.store.fsync_interval)
+                                             fsync_interval=self.store.fsync_interval,
+                                             compression=self.store.wal_compression)
             return self._writer
 
     @contextlib.contextmanager
     def _quarantine_on_corruption(self) -> Iterator[None]:
-        """Corruption found by this process quarantines the relation (docs/architecture.md, torn
-        tail vs corruption): the
-        marker stops the compacter and other writers until an operator repairs it."""
+        """Corruption found by this relation's writer in its own log quarantines the
+        relation (docs/architecture.md, torn tail vs corruption): the marker stops the
+        compacter and other writers until an operator repairs it. Reads never do this:
+        they raise CorruptionError and write nothing."""
         try:
             yield
         except CorruptionError as exc:
             self.store.layout.quarantine(self.name, str(exc), self.store.fs)
             raise
 
-    def append(self, updates: pa.Table | pa.RecordBatch) -> None:
-        """Append updates (row columns + ``_time`` + ``_diff``); durable on return."""
+    def append(self, updates: Any) -> None:
+        """Append updates (row columns + ``_time`` + ``_diff``); durable on return.
+
+        ``updates``: a ``pa.Table`` or ``pa.RecordBatch``, anything exporting the Arrow C
+        stream (``__arrow_c_stream__``: a polars DataFrame, a DuckDB relation, a
+        ``pa.RecordBatchReader``) or a pandas DataFrame (lamina.schema.to_table). A
+        rejected input raises SchemaError naming what was wrong and writes nothing."""
         table = check_diffs(self.meta, conform_updates(self.meta, updates))
-        self._writer_or_open().append(table)
+        self._writer_or_open("append").append(table)
 
-    def seal(self, upper: int) -> None:
-        """Promise that no update at a time below ``upper`` will arrive."""
-        self._writer_or_open().seal(upper)
+    def seal(self, upper: int | datetime) -> None:
+        """Promise that no update at a time below ``upper`` will arrive (a datetime where
+        the relation counts milliseconds: lamina.frontier)."""
+        upper = frontier_arg(upper, self.meta.time_unit, "upper")
+        self._writer_or_open("seal").seal(upper)
 
-    def allow_compaction(self, since: int) -> None:
+    def allow_compaction(self, since: int | datetime) -> None:
         """Allow history before ``since`` to be read as ``since``."""
-        self._writer_or_open().allow_compaction(since)
+        since = frontier_arg(since, self.meta.time_unit, "since")
+        self._writer_or_open("allow_compaction").allow_compaction(since)
 
     @property
     def upper(self) -> int:
@@ -276,53 +359,66 @@ class Relation:
         self._check_usable()
         if self._writer is not None:
             return self._writer.upper, self._writer.since
-        with self._quarantine_on_corruption():
-            return frontiers(self.wal_dir, self.name)
+        return self.files.frontiers()
 
-    def snapshot(self, as_of: int) -> pa.Table:
-        """The consolidated rows at ``as_of`` with their ``_diff``, ordered by key."""
+    # --- reads (lamina.read: the read contract) ---------------------------------------------
+    # ``as_of`` omitted is the latest readable time, upper - 1; a datetime where the relation
+    # counts milliseconds. Reads never write to the data directory but their lease.
+
+    def snapshot(self, as_of: int | datetime | None = None) -> pa.Table:
+        """The consolidated rows at ``as_of`` (default: the latest readable time) with
+        their ``_diff``, ordered by key."""
         upper, since = self._frontiers()
-        with self._quarantine_on_corruption():
-            return snapshot(self.store.layout, self.meta, as_of, upper=upper, since=since)
+        return snapshot(self.files, as_of, upper=upper, since=since)
 
-    def snapshot_reader(self, as_of: int) -> pa.RecordBatchReader:
+    def snapshot_reader(self, as_of: int | datetime | None = None) -> pa.RecordBatchReader:
         """The rows of :meth:`snapshot` as a stream of record batches in key order, read in
-        bounded memory (lamina.stream); ``duckdb.from_arrow(reader)`` and
+        bounded memory (lamina.read.stream), holding a lease on their files until the reader
+        is exhausted, closed or garbage-collected; ``duckdb.from_arrow(reader)`` and
         ``polars.from_arrow(reader)`` take it as it is (docs/reading.md)."""
-        from lamina.stream import snapshot_batches
+        from lamina.read.stream import snapshot_batches
 
         upper, since = self._frontiers()
-        with self._quarantine_on_corruption():
-            return snapshot_batches(self.store.layout, self.meta, as_of, upper=upper,
-                                    since=since)
+        return snapshot_batches(self.files, as_of, upper=upper, since=since)
 
-    def lookup(self, keys: pa.Table | Mapping[str, Any], as_of: int) -> pa.Table:
+    def lookup(self, keys: pa.Table | Mapping[str, Any],
+               as_of: int | datetime | None = None) -> pa.Table:
         """The consolidated rows at ``as_of`` whose key columns equal one of ``keys`` (a
         table of the key columns, or a mapping ``pa.table()`` accepts), ordered like a
         snapshot; reads only the row groups whose key range can hold them
-        (lamina.lookup)."""
-        from lamina.lookup import KeyIndex, lookup
+        (lamina.read.lookup)."""
+        from lamina.read.lookup import KeyIndex, lookup
 
         upper, since = self._frontiers()
         if self._key_index is None:
             self._key_index = KeyIndex()
-        with self._quarantine_on_corruption():
-            return lookup(self.store.layout, self.meta, keys, as_of, upper=upper,
-                          since=since, index=self._key_index)
+        return lookup(self.files, keys, as_of, upper=upper, since=since,
+                      index=self._key_index)
 
-    def subscribe(self, as_of: int, *, snapshot: bool = True,
+    def subscribe(self, as_of: int | datetime | None = None, *, snapshot: bool = True,
                   stop: threading.Event | None = None,
                   max_wait: float = 0.05) -> Iterator[pa.Table | Progress]:
-        """The snapshot at ``as_of`` (unless ``snapshot=False``: the caller already holds
-        it), then each newly sealed interval's consolidated updates, each followed by a
-        :class:`lamina.Progress`; ends after ``Progress(CLOSED)`` or once ``stop`` is set.
-        Resume after ``Progress(u)`` with ``subscribe(u - 1, snapshot=False)``
-        (lamina.subscribe)."""
-        from lamina.subscribe import subscribe
+        """The snapshot at ``as_of`` (default: the latest readable time; unless
+        ``snapshot=False``: the caller already holds it), then each newly sealed
+        interval's consolidated updates, each followed by a :class:`lamina.Progress`;
+        ends after ``Progress(CLOSED)`` or once ``stop`` is set. Resume after
+        ``Progress(u)`` with ``subscribe(u - 1, snapshot=False)`` (lamina.read.subscribe)."""
+        from lamina.read.subscribe import subscribe
 
         self._check_usable()
-        return subscribe(self.store.layout, self.meta, as_of, snapshot=snapshot, stop=stop,
-                         max_wait=max_wait)
+        return subscribe(self.files, as_of, snapshot=snapshot, stop=stop, max_wait=max_wait)
+
+    def updates(self, lower: int | datetime = 0,
+                upper: int | datetime | None = None) -> pa.Table:
+        """The updates with times in ``[lower, upper)`` (default: everything up to the
+        sealed upper), consolidated and ordered by key and time, wherever they are stored;
+        ``upper`` may lie beyond the sealed upper, and then also returns updates appended
+        but not sealed yet. ``lower`` must be 0 or at least ``since``
+        (lamina.read.unsealed)."""
+        from lamina.read.unsealed import updates
+
+        sealed, since = self._frontiers()
+        return updates(self.files, lower, sealed if upper is None else upper, since=since)
 
     def close(self) -> None:
         """Release the writer, finishing an open segment that holds something to convert.

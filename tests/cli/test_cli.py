@@ -12,20 +12,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from lamina.compacter.executors import reference
 from lamina.drill.oracle import Oracle
 from lamina.objstore.local import LocalObjectStore
 from lamina.status import KEYS
 from lamina.store import Store
-from lamina.trace import reference
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
 from lamina.wal.reader import segment_spans
-
-LAMINA = str(Path(sys.executable).with_name("lamina"))
-
-
-def lamina(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([LAMINA, *args], capture_output=True, timeout=120, check=False)
+from tests.cli.procs import lamina
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lamina.compacter.inprocess import InProcessExecutor
+from lamina.compacter.executors.inprocess import InProcessExecutor
 from lamina.compacter.metrics import Metrics
 from lamina.compacter.pipeline import RelationPipeline
 from lamina.compacter.settings import Settings
+from lamina.datadir import DataDir
 from lamina.fs import TMP_SUFFIX
-from lamina.layout import Layout
 from lamina.store import Store
 from lamina.trace.trace import Trace
 from lamina.wal.reader import SegmentSpan, segment_spans
@@ -68,13 +68,15 @@ def settings(root: Path, **overrides: Any) -> Settings:
 
 def pipeline(root: Path, name: str = "orders", *, executor: Any = None,
              metrics: Metrics | None = None, **overrides: Any) -> RelationPipeline:
-    layout = Layout(root)
+    layout = DataDir(root)
     with Store.open(root) as store:
         meta = store.relation(name).meta
     s = settings(root, **overrides)
-    return RelationPipeline(name=name, meta=meta, layout=layout, settings=s,
+    pipe = RelationPipeline(name=name, meta=meta, layout=layout, settings=s,
                             executor=executor or InProcessExecutor(s.max_concurrent_jobs),
                             metrics=metrics or Metrics(), fs=NoSyncFileSystem())
+    pipe.metrics.watch_relations(lambda: [pipe.gauges(time.time())])  # as the daemon does
+    return pipe
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:

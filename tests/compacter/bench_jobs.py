@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from lamina.compacter.executors import reference
 from lamina.compacter.spark import build_session
 from lamina.compacter.step.driver import spark_convert
-from lamina.trace import reference
 from lamina.trace.plan import plan_conversion
 from tests.compacter.workload import (
     INT_KEY,

@@ -221,12 +221,12 @@ def _main() -> int:
     from lamina.compacter.spark import build_session
     from lamina.compacter.step.driver import spark_convert
     from lamina.compacter.step.work import JobTuning
-    from lamina.layout import Layout
+    from lamina.datadir import DataDir
     from lamina.schema import RelationMeta
     from lamina.trace.trace import Trace
     from tests.compacter.workload import plan_from_json
 
-    layout = Layout(args.data_dir)
+    layout = DataDir(args.data_dir)
     meta_path = layout.wal_dir(args.relation) / "relation.json"
     meta = RelationMeta.from_json(meta_path.read_bytes(), meta_path)
     trace = Trace.open(layout.trace_store(args.relation), meta)

@@ -45,8 +45,8 @@ import pyarrow as pa
 import pytest
 
 from lamina.compacter.settings import MIN_DRIVER_MEMORY_MIB
+from lamina.datadir import DataDir
 from lamina.drill.procs import DaemonProcess
-from lamina.layout import Layout
 from lamina.store import Store
 from lamina.trace.trace import Trace
 from lamina.wal.segment import list_segments
@@ -238,7 +238,7 @@ def test_backlog_four_times_the_driver_memory_converts(tmp_path: Path) -> None:
     assert metric(metrics, "lamina_jobs_total", kind="conversion", outcome="failure") == 0
     assert metric(metrics, "lamina_job_input_rows_total",
                    kind="conversion") == written.updates
-    layout = Layout(data)
+    layout = DataDir(data)
     with Store.open(data) as store:
         meta = store.relation("big").meta
     state = Trace.open(layout.trace_store("big"), meta).state

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lamina.compacter.step.driver import ConversionResult
-from lamina.trace import reference
+from lamina.compacter.executors import ConversionResult, reference
 from lamina.trace.batch import PartFile
 from lamina.trace.plan import plan_conversion
 from lamina.trace.state import PendingPart

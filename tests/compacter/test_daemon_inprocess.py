@@ -18,9 +18,9 @@ from structlog.testing import capture_logs
 
 from lamina import failpoints
 from lamina.compacter.daemon import Daemon
-from lamina.compacter.inprocess import InProcessExecutor
+from lamina.compacter.executors.inprocess import InProcessExecutor
+from lamina.datadir import DataDir
 from lamina.drill.procs import DaemonProcess, free_port
-from lamina.layout import Layout
 from lamina.store import Store
 from lamina.trace.state import StateStore
 from lamina.wal.reader import finished_segments
@@ -40,7 +40,7 @@ def _daemon(root: Path, **overrides: Any) -> Daemon:
 
 
 def _caught_up(root: Path, name: str) -> bool:
-    layout = Layout(root)
+    layout = DataDir(root)
     states = StateStore(layout.trace_store(name))
     state = states.load_latest()
     if state is None:
@@ -50,7 +50,7 @@ def _caught_up(root: Path, name: str) -> bool:
 
 
 def _versions(root: Path, name: str) -> list[int]:
-    states = StateStore(Layout(root).trace_store(name))
+    states = StateStore(DataDir(root).trace_store(name))
     return states.versions()
 
 
@@ -59,13 +59,13 @@ def test_converts_beside_a_quarantined_relation_and_stops_on_sigterm(tmp_path: P
     the other is converted; SIGTERM ends the daemon with 0."""
     good = backlog(tmp_path, "good", rounds=8)
     backlog(tmp_path, "bad", rounds=6)
-    corrupt_payload(finished_segments(Layout(tmp_path).wal_dir("bad"))[0].path)
+    corrupt_payload(finished_segments(DataDir(tmp_path).wal_dir("bad"))[0].path)
     daemon = _daemon(tmp_path)
 
     async def run() -> int:
         task = asyncio.create_task(daemon.run())
         await until("the good relation", lambda: _caught_up(tmp_path, "good"))
-        await until("the quarantine", lambda: Layout(tmp_path).quarantine_reason("bad")
+        await until("the quarantine", lambda: DataDir(tmp_path).quarantine_reason("bad")
                     is not None)
         ok, why = daemon.readiness()
         assert not ok
@@ -88,6 +88,47 @@ def test_converts_beside_a_quarantined_relation_and_stops_on_sigterm(tmp_path: P
         assert snapshot(tmp_path, "good", as_of) == good.snapshot(as_of)
 
 
+def test_the_running_daemon_takes_a_repaired_relation_back(tmp_path: Path) -> None:
+    """The quarantine runbook without a restart: a damaged segment quarantines ``bad``;
+    removing the marker while the file is still damaged quarantines it again (with what
+    verify found); restoring the file and removing the marker again has the running daemon
+    verify it, take it back (``relation.unquarantined``), convert its WAL and turn ready."""
+    oracle = backlog(tmp_path, "bad", rounds=6)
+    layout = DataDir(tmp_path)
+    seg = finished_segments(layout.wal_dir("bad"))[0].path
+    original = seg.read_bytes()
+    corrupt_payload(seg)
+    marker = layout.wal_dir("bad") / "QUARANTINED"
+    daemon = _daemon(tmp_path)
+
+    async def run() -> int:
+        task = asyncio.create_task(daemon.run())
+        await until("the quarantine", marker.exists)
+        assert daemon.readiness() == (False, "quarantined relations: bad")
+        marker.unlink()  # too early: the segment is still damaged
+        await until("the quarantine again", marker.exists)
+        assert daemon.pipelines["bad"].quarantined is not None
+        assert str(seg) in json.loads(marker.read_bytes())["reason"]
+        seg.write_bytes(original)  # the runbook: restore the named file, remove the marker
+        marker.unlink()
+        await until("the relation to be taken back and converted",
+                    lambda: _caught_up(tmp_path, "bad") and daemon.readiness()[0])
+        assert daemon.pipelines["bad"].quarantined is None
+        assert sample(daemon.metrics, "lamina_relation_quarantined", relation="bad") == 0
+        os.kill(os.getpid(), signal.SIGTERM)
+        return await asyncio.wait_for(task, 10)
+
+    with capture_logs() as logs:
+        assert asyncio.run(run()) == 0
+    events = [e["event"] for e in logs]
+    assert events.count("relation.quarantined") == 2
+    assert events.count("relation.unquarantined") == 1
+    assert events.index("relation.unquarantined") < events.index("conversion.committed")
+    assert not marker.exists()
+    for as_of in oracle.as_of_points():
+        assert snapshot(tmp_path, "bad", as_of) == oracle.snapshot(as_of)
+
+
 def test_dropping_a_relation_cancels_its_running_job(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The relation's conversion is in flight (its thread sleeps before publishing its
@@ -96,7 +137,7 @@ def test_dropping_a_relation_cancels_its_running_job(tmp_path: Path,
     backlog(tmp_path, rounds=6)
     monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:6"))
     daemon = _daemon(tmp_path)
-    trace_dir = Layout(tmp_path).trace_dir("orders")
+    trace_dir = DataDir(tmp_path).trace_dir("orders")
 
     async def run() -> float:
         task = asyncio.create_task(daemon.run())
@@ -187,6 +228,8 @@ def test_grace_period_then_cancel_or_a_second_signal_at_once(
     assert ("shutdown.escalated" in events) is second_signal
     assert ("shutdown.grace_expired" in events) is not second_signal
     assert "conversion.committed" not in events
+    assert "conversion.cancelled" in events
+    assert not [e for e in logs if e["log_level"] == "error"]
     assert sample(daemon.metrics, "lamina_jobs_total", kind="conversion",
                   outcome="cancelled") == 1
     assert _versions(tmp_path, "orders") == []
@@ -219,6 +262,10 @@ def test_second_sigterm_to_lamina_serve_cancels_and_exits(tmp_path: Path) -> Non
     events = _events(log_path)
     assert events.index("shutdown.escalated") < events.index("daemon.stopped")
     assert "conversion.committed" not in events
+    assert "conversion.cancelled" in events
+    text = log_path.read_text()
+    assert '"level": "error"' not in text
+    assert "Task exception was never retrieved" not in text
     assert _versions(data, "orders") == []
 
 
@@ -233,28 +280,31 @@ def _events(path: Path) -> list[str]:
     return out
 
 
-def test_a_trace_url_other_than_the_recorded_one_stops_the_start(tmp_path: Path) -> None:
+def test_a_trace_url_other_than_the_recorded_one_stops_the_start(tmp_path: Path,
+                                                                  s3_bucket: str) -> None:
     """The data directory records s3://bucket/a; a daemon configured for another URL stops
     at start-up with a ConfigError naming both (``lamina serve`` exits 2) and changes
-    nothing but its lock file."""
+    nothing but its lock file. (Store.open probes a URL before recording it: the bucket is
+    real.)"""
     from lamina.errors import ConfigError
     from tests.conftest import tree_digest
 
-    Store.open(tmp_path, trace_url="s3://bucket/a").close()
+    a, b = f"s3://{s3_bucket}/a", f"s3://{s3_bucket}/b"
+    Store.open(tmp_path, trace_url=a).close()
     before = tree_digest(tmp_path)
-    with pytest.raises(ConfigError, match="s3://bucket/a, not s3://bucket/b"):
-        asyncio.run(_daemon(tmp_path, trace_url="s3://bucket/b").run())
+    with pytest.raises(ConfigError, match=f"{a}, not {b}"):
+        asyncio.run(_daemon(tmp_path, trace_url=b).run())
     after = tree_digest(tmp_path)
     after.pop("compacter.lock")  # the daemon's lock file, taken before the check
     assert after == before
-    assert Layout(tmp_path).trace_url() == "s3://bucket/a"
+    assert DataDir(tmp_path).trace_url() == a
 
 
 def test_only_traces_of_dropped_relations_are_removed(tmp_path: Path) -> None:
     """Under the trace root, a leftover trace with no relation is removed; a name that
     holds no trace (someone else's files under a shared prefix) is left alone."""
     backlog(tmp_path, "live", rounds=4)
-    root = Layout(tmp_path).trace
+    root = DataDir(tmp_path).trace
     (root / "gone" / "state").mkdir(parents=True)
     (root / "gone" / "state" / "00000000000000000001.json").write_bytes(b"{}")
     (root / "notes").mkdir(parents=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import subprocess
 import time
@@ -52,3 +54,50 @@ def test_second_daemon_refuses_and_dropped_relations_are_removed(tmp_path: Path)
             assert again.snapshot(0).num_rows == 1
         daemon.signal(signal.SIGTERM)
         assert daemon.wait() == 0
+
+
+def _log_records(path: Path) -> list[dict[str, object]]:
+    out = []
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_to_the_whole_process_group_exits_0(tmp_path: Path,
+                                                          sig: signal.Signals) -> None:
+    """SIGTERM (what ``timeout``, supervisord's ``stopasgroup`` and systemd's default
+    ``KillMode=control-group`` send) or SIGINT (Ctrl-C in a terminal) to the daemon's whole
+    process group while a pack of conversions runs: the Spark JVM and its Python workers
+    get it too and die first. The daemon still exits 0 with ``daemon.stopped``, logs no
+    error and no traceback, and committed nothing half done."""
+    data = tmp_path / "data"
+    with Store.open(data, segment_bytes=4096) as store:
+        for r in range(6):
+            rel = store.create_relation(f"r{r}", ORDERS, key=["id"])
+            for t in range(8):
+                rel.append(updates([(i, "x" * 30, t, 1) for i in range(10)]))
+                rel.seal(t + 1)
+    log = tmp_path / "daemon.log"
+    env = {"LAMINA_FAILPOINTS": "fs.after_rename=sleep:5"}  # tasks linger after a part
+    with DaemonProcess(data, log, extra_env=env, new_session=True) as daemon:
+        daemon.wait_ready()
+        deadline = time.monotonic() + 120
+        while not any(r.get("event") == "pack.started" for r in _log_records(log)):
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(1.0)  # the pack's tasks are in their Python workers
+        daemon.signal_group(sig)
+        assert daemon.wait(90) == 0, log.read_text()[-4000:]
+    records = _log_records(log)
+    events = [r.get("event") for r in records]
+    assert events[-1] == "daemon.stopped"
+    assert "shutdown.requested" in events
+    assert not [r for r in records if r.get("level") == "error"]
+    assert "Traceback" not in log.read_text()
+    with Store.open(data) as store:  # whatever was committed reads back whole
+        for r in range(6):
+            rel = store.relation(f"r{r}")
+            assert rel.snapshot(7).num_rows == 10

@@ -6,6 +6,7 @@ code with the store. Snapshots are compared at every time in [since, upper).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -18,7 +19,8 @@ from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
 from lamina.store import Store
 from lamina.verify import verify_store
-from tests.compacter.scrape import wait_some_work
+from tests.compacter.backlog import backlog
+from tests.compacter.scrape import metric, wait_some_work
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -124,3 +126,44 @@ def test_reader_always_sees_the_oracle(tmp_path: Path) -> None:
         assert daemon.wait() == 0
     assert reads > 10
     assert errors == []
+
+
+def test_two_hundred_relations_are_compacted_in_packs(tmp_path: Path) -> None:
+    """200 relations, written before and while ``lamina serve`` runs: every relation
+    catches up and reads back its oracle, and the work ran as packs of many relations
+    (far fewer Spark jobs than the 400-odd conversions, none of them a step alone)."""
+    data = tmp_path / "data"
+    names = [f"t{i:03d}" for i in range(200)]
+    oracles = {n: backlog(data, n, rounds=2, rows=4) for n in names}
+    log = tmp_path / "daemon.log"
+    with DaemonProcess(data, log, extra_env={"LAMINA_PACK_MAX_STEPS": "64"}) as daemon:
+        daemon.wait_ready()
+        for n in names:  # a second round while it runs
+            backlog(data, n, rounds=2, rows=4, oracle=oracles[n])
+        deadline = time.monotonic() + 600
+        while True:
+            rows = {r["name"]: r for r in daemon.relations()}
+            behind = [n for n in names if rows[n]["wal_segments_pending"]
+                      or rows[n]["trace_upper"] != oracles[n].upper]
+            if not behind:
+                break
+            assert time.monotonic() < deadline, f"{len(behind)} behind, e.g. {behind[:3]}"
+            time.sleep(0.5)
+        code, body = daemon.get("/metrics")
+        assert code == 200
+        text = body.decode()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    conversions = metric(text, "lamina_jobs_total", kind="conversion", outcome="success")
+    packs = metric(text, "lamina_spark_jobs_total", shape="pack")
+    assert conversions >= 400
+    assert metric(text, "lamina_spark_jobs_total", shape="step") == 0
+    assert packs <= conversions / 5, (packs, conversions)
+    sizes = [json.loads(line)["steps"] for line in log.read_text().splitlines()
+             if line.startswith("{") and '"pack.finished"' in line]
+    assert max(sizes) > 10
+    with Store.open(data) as store:
+        for n in names:
+            rel = store.relation(n)
+            for as_of in oracles[n].as_of_points(2):
+                assert rel.snapshot(as_of).to_pylist() == oracles[n].snapshot(as_of), n

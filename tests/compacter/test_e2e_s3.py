@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from lamina.datadir import DataDir
 from lamina.drill.procs import DaemonProcess
-from lamina.layout import Layout
 from lamina.objstore.base import open_store
 from tests.compacter.scrape import wait_some_work
 from tests.compacter.test_e2e import check_against_oracle, run_workload
@@ -32,7 +32,7 @@ def test_daemon_on_an_s3_trace_survives_kill_9(tmp_path: Path, s3_bucket: str) -
         first.signal(signal.SIGKILL)  # while it converts: puts in flight
         assert first.wait() == -signal.SIGKILL
     assert wl.wait(120) == 0
-    assert Layout(data).trace_url() == url
+    assert DataDir(data).trace_url() == url
     check_against_oracle(data, ack)  # correct with the daemon down
     with DaemonProcess(data, tmp_path / "daemon2.log", extra_env=env) as second:
         second.wait_ready()

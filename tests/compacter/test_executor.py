@@ -7,18 +7,14 @@ import asyncio
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from lamina import failpoints
-from lamina.compacter.daemon import Daemon
-from lamina.compacter.executor import SparkExecutor
-from lamina.compacter.inprocess import InProcessExecutor
-from lamina.compacter.spark import check_cancelled, relation_tag
-from lamina.compacter.step.driver import ConversionResult
+from lamina.compacter.executors import reference
+from lamina.compacter.executors.inprocess import InProcessExecutor
 from lamina.compacter.step.failures import TaskError, task_error, translate
-from lamina.drill.procs import free_port
+from lamina.datadir import DataDir
 from lamina.errors import (
     CorruptionError,
     DiffOverflowError,
@@ -28,16 +24,12 @@ from lamina.errors import (
     StateConflictError,
     StorageError,
 )
-from lamina.layout import Layout
 from lamina.store import Store
-from lamina.trace import reference
-from lamina.trace.plan import ConversionPlan, plan_conversion, plan_merge
+from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
 from tests.compacter.backlog import (
     backlog,
     corrupt_payload,
-    sample,
-    settings,
     snapshot,
     spans,
     until,
@@ -46,7 +38,7 @@ from tests.compacter.backlog import (
 
 
 def _open(root: Path, name: str = "orders") -> tuple[Trace, Path]:
-    layout = Layout(root)
+    layout = DataDir(root)
     with Store.open(root) as store:
         meta = store.relation(name).meta
     return Trace.open(layout.trace_store(name), meta), layout.wal_dir(name)
@@ -275,71 +267,3 @@ def test_a_stale_plan_is_a_state_conflict_not_corruption(tmp_path: Path) -> None
     reference.merge(trace, plan_merge(trace.state))  # type: ignore[arg-type]
     with pytest.raises(StalePlanError, match="no longer has"):
         trace.commit_merge(merge, parts)
-
-
-# --- Spark: a dropped relation's jobs are cancelled ---------------------------------------------
-
-def _sleepy(batches: Any) -> Any:
-    for b in batches:
-        time.sleep(60)
-        yield b
-
-
-class SleepySparkExecutor(SparkExecutor):
-    """The Spark executor, except that a conversion is one Spark job whose single task
-    sleeps a minute (a long conversion, without a large WAL)."""
-
-    async def convert(self, relation: str, trace: Trace,
-                      plan: ConversionPlan) -> ConversionResult:
-        spark = self.spark
-
-        def job() -> ConversionResult:
-            check_cancelled()
-            spark.range(0, 1, 1, 1).mapInArrow(_sleepy, "id bigint").collect()
-            raise AssertionError(f"the sleeping job of {relation} was not cancelled")
-
-        return await self._run(relation, "conversion", job)
-
-
-@pytest.mark.spark
-def test_dropping_a_relation_cancels_its_spark_jobs(tmp_path: Path, spark: Any) -> None:
-    """Relations a and b each have a Spark job running (tagged per relation). Dropping a
-    cancels a's job through its tag within seconds (it would sleep a minute) while b's
-    keeps running; shutdown then cancels b's."""
-    backlog(tmp_path, "a", rounds=2)
-    backlog(tmp_path, "b", rounds=2)
-    ex = SleepySparkExecutor(spark, 2)
-    daemon = Daemon(settings(tmp_path, executor="spark", http=f"127.0.0.1:{free_port()}",
-                             shutdown_grace_seconds=0.5), executor=ex)
-    tracker = spark.sparkContext.statusTracker()
-
-    async def run() -> float:
-        task = asyncio.create_task(daemon.run())
-        await until("both Spark jobs", lambda: len(tracker.getActiveJobsIds()) == 2
-                    and set(ex.running()) == {"a", "b"}, 60)
-        [tag] = ex.running()["a"]
-        assert tag.startswith(relation_tag("a") + "-")
-        await asyncio.sleep(1.0)  # the tasks are sleeping in their Python workers
-        with Store.open(tmp_path) as store:
-            store.drop_relation("a")
-        dropped = time.monotonic()
-        await until("a's job to end", lambda: len(tracker.getActiveJobsIds()) == 1
-                    and "a" not in ex.running(), 30)
-        took = time.monotonic() - dropped
-        assert set(ex.running()) == {"b"}
-        assert "a" not in daemon.pipelines
-        daemon.stop.set()
-        assert await asyncio.wait_for(task, 30) == 0
-        return took
-
-    took = asyncio.run(run())
-    assert took < 15
-    assert ex.running() == {}
-    deadline = time.monotonic() + 15
-    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert tracker.getActiveJobsIds() == []
-    assert sample(daemon.metrics, "lamina_jobs_total", kind="conversion",
-                  outcome="cancelled") == 2
-    assert sample(daemon.metrics, "lamina_jobs_total", kind="conversion",
-                  outcome="success") == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import threading
@@ -15,10 +16,11 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 import lamina.compacter.metrics as metrics_module
 from lamina.compacter.http import build_app, start_http, stop_http
-from lamina.compacter.metrics import Metrics
+from lamina.compacter.metrics import Metrics, RelationGauges
 from lamina.errors import ConfigError
 from tests.deploy.tools import promtool_check_metrics
 
@@ -87,8 +89,10 @@ async def server() -> AsyncIterator[Server]:
 
 def populate(m: Metrics) -> None:
     """One series for every labelled metric, as a running daemon would have."""
-    m.wal_pending_bytes.labels(relation="orders").set(4096)
-    m.wal_pending_segments.labels(relation="orders").set(2)
+    m.watch_relations(lambda: [RelationGauges(
+        "orders", wal_pending_bytes=4096, wal_pending_segments=2, conversion_lag_seconds=3.5,
+        trace_bytes=65536, trace_rows=8, frontier_lag=20, quarantined=False,
+        batches_by_level={0: 2, 1: 1})])
     for outcome in ("success", "failure", "cancelled"):
         m.jobs.labels(kind="conversion", outcome=outcome).inc()
     m.job_seconds.labels(kind="conversion").observe(1.5)
@@ -97,11 +101,9 @@ def populate(m: Metrics) -> None:
     m.rows_out.labels(kind="conversion").inc(8)
     m.bytes_in.labels(kind="conversion").inc(4096)
     m.bytes_out.labels(kind="conversion").inc(2048)
-    m.set_levels("orders", {0: 2, 1: 1})
-    m.trace_bytes.labels(relation="orders").set(65536)
-    m.trace_rows.labels(relation="orders").set(8)
-    m.frontier_lag.labels(relation="orders").set(20)
-    m.quarantined.labels(relation="orders").set(0)
+    m.spark_jobs.labels(shape="pack").inc()
+    m.pack_steps.observe(12)
+    m.steps_waiting.set(3)
     m.relations.set(1)
     m.gc_files.inc()
     m.gc_bytes.inc(100)
@@ -270,3 +272,61 @@ async def test_stop_closes_the_port() -> None:
     runner2 = await start_http(build_app(Metrics(), daemon.status, daemon.readiness), host,
                                port)
     await stop_http(runner2)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_request_is_a_warning_not_an_error(server: Server) -> None:
+    """A request with a 1 MB header is refused with 400; the daemon logs one
+    ``http.bad_request`` warning, never an error-level traceback (operators alert on
+    level == "error"), and goes on serving."""
+    host, port = server.base.removeprefix("http://").rsplit(":", 1)
+    with capture_logs() as logs:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20)
+                     + b"\r\n\r\n")
+        with contextlib.suppress(ConnectionResetError):
+            await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 10)
+        writer.close()
+        with contextlib.suppress(ConnectionResetError):
+            await writer.wait_closed()
+    assert status.split()[1].startswith(b"4"), status
+    bad = [e for e in logs if e["event"] == "http.bad_request"]
+    assert len(bad) == 1
+    assert bad[0]["log_level"] == "warning"
+    assert 400 <= bad[0]["status"] < 500
+    assert not [e for e in logs if e["log_level"] == "error"]
+    code, _, body = await server.get("/healthz")
+    assert (code, body) == (200, "ok\n")
+
+
+def test_relation_metrics_off_exports_each_gauge_once() -> None:
+    """relation_metrics = false bounds the series whatever the number of relations: each
+    per-relation gauge once, without the relation label, as the sum (bytes, segments,
+    rows, batches per level, quarantined relations) or the maximum (the two lags)."""
+    def gauges() -> list[RelationGauges]:
+        return [RelationGauges(f"r{i}", wal_pending_bytes=100, wal_pending_segments=1,
+                               conversion_lag_seconds=float(i), trace_bytes=10, trace_rows=2,
+                               frontier_lag=i * 10, quarantined=i == 3,
+                               batches_by_level={0: 1, **({2: 1} if i % 2 else {})})
+                for i in range(1000)]
+
+    per, total = Metrics(), Metrics(relation_metrics=False)
+    for m in (per, total):
+        m.watch_relations(gauges)
+    per_text, total_text = (m.exposition().decode() for m in (per, total))
+    assert per_text.count('relation="') == 1000 * 7 + 1000 + 500  # 7 + L per relation
+    assert 'relation="' not in total_text
+    families = {s.name: s for f in text_string_to_metric_families(total_text)
+                for s in f.samples if s.name.startswith(("lamina_wal", "lamina_conv",
+                                                        "lamina_trace", "lamina_frontier",
+                                                        "lamina_relation_q"))}
+    assert families["lamina_wal_pending_bytes"].value == 100_000
+    assert families["lamina_wal_pending_segments"].value == 1000
+    assert families["lamina_conversion_lag_seconds"].value == 999
+    assert families["lamina_frontier_lag"].value == 9990
+    assert families["lamina_relation_quarantined"].value == 1
+    assert families["lamina_trace_rows"].value == 2000
+    levels = {s.labels["level"]: s.value for f in text_string_to_metric_families(total_text)
+              for s in f.samples if s.name == "lamina_trace_batches"}
+    assert levels == {"0": 1000, "2": 500}

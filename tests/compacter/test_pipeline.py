@@ -15,12 +15,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from lamina import failpoints
-from lamina.compacter.inprocess import InProcessExecutor
+from lamina.compacter.executors import ConversionResult, reference
+from lamina.compacter.executors.inprocess import InProcessExecutor
 from lamina.compacter.metrics import Metrics
 from lamina.compacter.pipeline import RelationPipeline
-from lamina.compacter.step.driver import ConversionResult
-from lamina.layout import Layout
-from lamina.trace import reference
+from lamina.datadir import DataDir
 from lamina.trace.invariants import check_data
 from lamina.trace.plan import ConversionPlan, plan_conversion, plan_merge
 from lamina.trace.trace import Trace
@@ -111,7 +110,7 @@ def test_backoff_doubles_up_to_the_maximum(tmp_path: Path) -> None:
     0.1, 0.2, 0.4, 0.4 ... seconds; once the cause is gone, the conversion commits."""
     oracle = backlog(tmp_path, rounds=4)
     pipe = pipeline(tmp_path, retry_initial_seconds=0.1, retry_max_seconds=0.4)
-    blocker = Layout(tmp_path).trace_dir("orders") / "batches"
+    blocker = DataDir(tmp_path).trace_dir("orders") / "batches"
     blocker.parent.mkdir(parents=True)
     blocker.write_bytes(b"not a directory")
 
@@ -176,14 +175,14 @@ def test_a_failed_pass_is_counted_under_its_own_kind(
 
 def test_corruption_quarantines_the_relation(tmp_path: Path) -> None:
     backlog(tmp_path, rounds=6)
-    seg = finished_segments(Layout(tmp_path).wal_dir("orders"))[1]
+    seg = finished_segments(DataDir(tmp_path).wal_dir("orders"))[1]
     corrupt_payload(seg.path)
     pipe = pipeline(tmp_path)
     with capture_logs() as logs:
         asyncio.run(_quarantined(pipe))
     assert pipe.quarantined is not None
     assert str(seg.path) in pipe.quarantined
-    reason = Layout(tmp_path).quarantine_reason("orders")
+    reason = DataDir(tmp_path).quarantine_reason("orders")
     assert reason is not None
     assert str(seg.path) in reason
     assert sample(pipe.metrics, "lamina_relation_quarantined", relation="orders") == 1
@@ -206,8 +205,8 @@ class RacingExecutor(InProcessExecutor):
 
     raced = False
 
-    async def convert(self, relation: str, trace: Trace,
-                      plan: ConversionPlan) -> ConversionResult:
+    async def convert(self, relation: str, trace: Trace, plan: ConversionPlan, *,
+                      waiting_since: float | None = None) -> ConversionResult:
         if not self.raced:
             self.raced = True
             await asyncio.to_thread(reference.convert, trace,
@@ -222,7 +221,7 @@ def test_a_stale_plan_is_planned_again_not_quarantined(tmp_path: Path) -> None:
         asyncio.run(_run_until(pipe, _caught_up(pipe)))
     assert pipe.quarantined is None
     assert pipe.stopped is None
-    assert Layout(tmp_path).quarantine_reason("orders") is None
+    assert DataDir(tmp_path).quarantine_reason("orders") is None
     [stale] = [e for e in logs if e["event"] == "conversion.replanned"]
     assert "plan again" in stale["error"]
     assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == 1
@@ -265,7 +264,7 @@ def test_a_dropped_relation_stops_its_pipeline(tmp_path: Path,
     monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:2"))
     ex = InProcessExecutor(1)
     pipe = pipeline(tmp_path, executor=ex, metrics=Metrics())
-    trace_dir = Layout(tmp_path).trace_dir("orders")
+    trace_dir = DataDir(tmp_path).trace_dir("orders")
 
     async def run() -> None:
         task = asyncio.create_task(pipe.run(asyncio.Event()))

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import pytest
 
+from lamina.datadir import DataDir
 from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
-from lamina.layout import Layout
 from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Store
@@ -130,7 +130,7 @@ def _check(data: Path, oracle: Oracle) -> None:
         for as_of in range(rel.since, rel.upper):
             got = sorted((r["id"], r["val"], r["_diff"]) for r in rel.snapshot(as_of).to_pylist())
             assert got == oracle.snapshot(as_of), f"snapshot at {as_of}"
-        layout = Layout(data)
+        layout = DataDir(data)
         meta_path = layout.wal_dir("drill") / "relation.json"
         meta = RelationMeta.from_json(meta_path.read_bytes(), meta_path)
         states = StateStore(layout.trace_store("drill", store.fs))

@@ -21,12 +21,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lamina.compacter.executors import reference
 from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
 from lamina.compacter.step.driver import spark_convert, spark_merge
 from lamina.compacter.step.work import JobTuning, WalRange, pack
 from lamina.consolidate import INT64_MAX, sort
 from lamina.errors import CorruptionError, JobError
-from lamina.trace import reference
+from lamina.store import Store
 from lamina.trace.batch import read_part
 from lamina.trace.order import order_prefix
 from lamina.trace.pending import bucket_lows, bucket_of
@@ -48,6 +49,7 @@ from tests.compacter.workload import (
     spans,
     table_of,
 )
+from tests.wal.codecs import codec_of
 
 # small shares so that a test-sized input takes the partitioned path with several parts
 SPLIT = JobTuning(single_task_bytes=2048, split_bytes=32 << 10, min_split_bytes=8 << 10,
@@ -193,6 +195,26 @@ def test_conversions_and_merge_match_reference(
     got = spark_merge(sp, trace, mplan, tuning=tuning)
     assert_same_tables(batch_table(trace, got), batch_table(ref, want), "merged batch")
     trace.commit_merge(mplan, got)
+
+
+@pytest.mark.spark
+def test_compressed_segments_match_reference(sp: Any, tmp_path: Path) -> None:
+    """Segments of LZ4- and ZSTD-compressed update records, and uncompressed ones, in one
+    step (stores of each setting in turn) convert through the partitioned path to exactly
+    the reference's rows (tests/wal/test_ranges.py: settings mixed within a segment)."""
+    root = tmp_path / "d"
+    open_workload(root, INT_KEY, ["id"]).store.close()
+    rng = random.Random(23)
+    for compression in ("lz4", "zstd", "none", "lz4"):
+        store = Store.open(root, segment_bytes=8192, fsync="never", wal_compression=compression)
+        w = Workload(root, store, store.relation("rel"))
+        drive(w, rng, steps=6, rows_per_step=40, keys=25, future=0.25)
+        store.close()
+    codecs = {codec_of(r.payload) for seg in _segments(w)
+              for r in scan_file(seg, w.meta.name)[0].updates()}
+    assert codecs == {"lz4", "zstd", "none"}
+    trace = w.trace()
+    _convert_both(sp, w, trace, spans(trace, w.wal_dir), name="ref", tuning=SPLIT)
 
 
 @pytest.mark.spark

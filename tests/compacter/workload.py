@@ -25,7 +25,7 @@ from lamina.wal.reader import SegmentSpan, segment_spans, segment_updates
 from lamina.wal.segment import SegmentFile
 
 if TYPE_CHECKING:
-    from lamina.compacter.step.driver import ConversionResult
+    from lamina.compacter.executors import ConversionResult
 
 INT_KEY = pa.schema([("id", pa.int64()), ("item", pa.string()), ("note", pa.string()),
                      ("score", pa.float64())])

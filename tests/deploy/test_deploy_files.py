@@ -194,7 +194,8 @@ def test_dockerfile() -> None:
     assert ops.count("FROM") == 2, "multi-stage: builder and runtime"
     assert "ARG PYTHON_IMAGE=python:3.11-slim-bookworm" in text
     assert "AS builder" in args["FROM"][0]
-    assert any("pip install ." in a for a in args["RUN"])
+    # every extra: the daemon, PostgreSQL ingestion, s3:// traces (pyproject.toml)
+    assert any("pip install '.[compacter,postgres,s3]'" in a for a in args["RUN"])
     assert any("openjdk-17-jre-headless" in a and "tini" in a for a in args["RUN"])
     assert any("useradd" in a and "lamina" in a for a in args["RUN"])
     assert args["USER"] == ["lamina"]
@@ -221,10 +222,10 @@ def test_dockerignore_keeps_what_the_build_needs() -> None:
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert {".git", ".venv", "lamina-data"} <= ignored
-    # pyproject.toml names README.md as the readme; src/ is the package.
-    assert not {"src", "pyproject.toml", "README.md"} & ignored
+    # pyproject.toml names README.md as the readme and LICENSE; src/ is the package.
+    assert not {"src", "pyproject.toml", "README.md", "LICENSE"} & ignored
     # Everything the builder stage COPYs exists.
-    for copied in ("pyproject.toml", "README.md", "src"):
+    for copied in ("pyproject.toml", "README.md", "LICENSE", "src"):
         assert (ROOT / copied).exists(), copied
 
 
@@ -444,7 +445,7 @@ def test_ingest_alerts_and_panels_cover_stalls_and_lag() -> None:
         "LaminaIngestDown": "up",
         "LaminaSourceStalled": "lamina_source_state",
         "LaminaSourceOutputStalled": "lamina_source_output_state",
-        "LaminaSourceLagGrowing": "lamina_source_lag_seconds",
+        "LaminaSourceLagging": "lamina_source_lag_seconds",
         "LaminaSourceBacklogGrowing": "lamina_source_lag_offsets",
     }
     for alert, metric in wanted.items():

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from lamina.datadir import DataDir
 from lamina.drill.check import CheckStats, check, check_live
 from lamina.drill.driver import PHASES, phase_of
 from lamina.drill.oracle import Oracle
 from lamina.drill.workload import RELATION, next_op, run
-from lamina.layout import Layout
 from lamina.schema import RelationMeta
+from lamina.store import Store
 from lamina.trace.trace import Trace
 from lamina.wal.reader import finished_segments
 from lamina.wal.record import RecordType
@@ -36,7 +37,7 @@ def workload(data: Path, ack: Path, *, ops: int, final: bool = True, seed: int =
 
 
 def meta_of(data: Path) -> RelationMeta:
-    path = Layout(data).wal_dir(RELATION) / "relation.json"
+    path = DataDir(data).wal_dir(RELATION) / "relation.json"
     return RelationMeta.from_json(path.read_bytes(), path)
 
 
@@ -45,7 +46,7 @@ def make_drilled(tmp_path: Path, *, delete_converted: bool = True) -> tuple[Path
     (with merges) by the reference executor, the rest still in WAL segments."""
     data, ack = tmp_path / "data", tmp_path / "ack.jsonl"
     workload(data, ack, ops=150)
-    layout = Layout(data)
+    layout = DataDir(data)
     wal_dir = layout.wal_dir(RELATION)
     n = len(finished_segments(wal_dir))
     assert n >= 6, "the workload should have finished several segments"
@@ -64,8 +65,8 @@ def drilled(tmp_path: Path) -> tuple[Path, Path]:
 
 def unconverted_segment_with_updates(data: Path) -> tuple[Path, int, int]:
     """(path, offset, end) of an update record in a finished, unconverted segment."""
-    wal_dir = Layout(data).wal_dir(RELATION)
-    trace = Trace.open(Layout(data).trace_store(RELATION), meta_of(data))
+    wal_dir = DataDir(data).wal_dir(RELATION)
+    trace = Trace.open(DataDir(data).trace_store(RELATION), meta_of(data))
     for seg in finished_segments(wal_dir):
         if seg.seq <= trace.state.converted_through:
             continue
@@ -99,7 +100,7 @@ def test_check_detects_a_segment_counted_twice(tmp_path: Path) -> None:
     """A trace state that forgets it converted a segment still on disk (the double count
     that converted_through exists to prevent) makes readers see its updates twice."""
     data, ack = make_drilled(tmp_path, delete_converted=False)
-    trace = Trace.open(Layout(data).trace_store(RELATION), meta_of(data))
+    trace = Trace.open(DataDir(data).trace_store(RELATION), meta_of(data))
     st = trace.state
     trace.states.publish(st.next(converted_through=st.converted_through - 1))
     problems = check(data, Oracle.load(ack))
@@ -109,7 +110,7 @@ def test_check_detects_a_segment_counted_twice(tmp_path: Path) -> None:
 def test_check_detects_a_segment_skipped_by_the_trace(drilled: tuple[Path, Path]) -> None:
     """A trace state claiming a segment it never converted loses that segment's updates."""
     data, ack = drilled
-    trace = Trace.open(Layout(data).trace_store(RELATION), meta_of(data))
+    trace = Trace.open(DataDir(data).trace_store(RELATION), meta_of(data))
     st = trace.state
     trace.states.publish(st.next(converted_through=st.converted_through + 1))
     problems = check(data, Oracle.load(ack))
@@ -129,7 +130,7 @@ def test_check_detects_an_orphan_file(drilled: tuple[Path, Path],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A data file no state names that garbage collection leaves behind is reported."""
     data, ack = drilled
-    stray = Layout(data).trace_dir(RELATION) / "batches" / "stray.parquet"
+    stray = DataDir(data).trace_dir(RELATION) / "batches" / "stray.parquet"
     stray.write_bytes(b"not named by any state")
     assert check(data, Oracle.load(ack)) == []  # collected: not a violation
     stray.write_bytes(b"not named by any state")
@@ -261,7 +262,8 @@ def test_phases_cover_every_kill_kind() -> None:
     assert phase_of("coordinator:fs.after_rename") == "coordinator/segment-rotation"
     assert phase_of("daemon:trace.mid_merge") == "daemon/merge"
     assert phase_of("daemon:gc.before_delete") == "daemon/gc"
-    assert len(PHASES) == 8
+    assert phase_of("daemon:compacter.pack_collected") == "daemon/pack"
+    assert len(PHASES) == 9
 
 
 # --- the command line --------------------------------------------------------------------------
@@ -374,19 +376,26 @@ class FakeDaemon:
         self.proc.wait()
 
 
-@pytest.mark.parametrize(("kills", "coordinators"), [(0, 1), (6, 2)])
+@pytest.mark.parametrize(("kills", "coordinators", "relations"),
+                         [(0, 1, None), (6, 2, None), (6, 2, 9)])
 def test_coordinator_loops_without_spark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                         kills: int, coordinators: int) -> None:
+                                         kills: int, coordinators: int,
+                                         relations: int | None) -> None:
     """The coordinator loops, live checks and final checks, with a stand-in daemon:
-    random and fail-point kills, clean exits, no violation (--kills 0 included)."""
+    random and fail-point kills, clean exits, no violation (--kills 0 included); with
+    several relations per coordinator process, each relation has its own oracle."""
     from lamina.drill import driver
 
     monkeypatch.setattr(driver, "DaemonProcess", FakeDaemon)
     work = tmp_path / "data.drill"
     work.mkdir()
     drill = driver.Drill(tmp_path / "data", work, kills=kills, seed=11, daemon_share=0,
-                         coordinators=coordinators)
+                         coordinators=coordinators, relations=relations)
     report = drill.run()
+    if relations:
+        assert sorted(store_relations(tmp_path / "data")) == sorted(
+            [f"drill.{j}" for j in range(5)] + [f"drill-1.{j}" for j in range(4)])
+        assert all(o.ops > 0 for c in drill.coordinators for o in c.oracles.values())
     assert report.violations == []
     assert report.total_kills >= kills
     assert report.daemon_lives == 1  # the final one
@@ -398,25 +407,32 @@ def test_coordinator_loops_without_spark(tmp_path: Path, monkeypatch: pytest.Mon
         assert report.kills["coordinator:random"] >= 1
 
 
+def store_relations(data: Path) -> list[str]:
+    with Store.open(data) as store:
+        return store.relations()
+
+
 # --- the CI drill ------------------------------------------------------------------------------
 
 CI_KILLS = 100
-CI_DAEMON_SHARE = 0.07  # 7 daemon lives: every daemon fail point once, one random kill
+CI_DAEMON_SHARE = 0.08  # 8 daemon lives: every daemon fail point once, one random kill
 CI_MAX_SECONDS = 420
+CI_RELATIONS = 12  # six per coordinator process: the daemon runs packs of many relations
 
 
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(CI_MAX_SECONDS + 480)
 def test_drill_100_kills_over_every_phase(tmp_path: Path) -> None:
-    """The bounded drill CI runs: >= 100 SIGKILLs spread over every phase, no violation."""
+    """The bounded drill CI runs: >= 100 SIGKILLs spread over every phase (the daemon's amid
+    packs of many relations too), no violation."""
     report_path = tmp_path / "drill.json"
     started = time.monotonic()
     out = subprocess.run(
         [LAMINA, "drill", "--data-dir", str(tmp_path / "data"), "--kills", str(CI_KILLS),
          "--seed", os.environ.get("LAMINA_DRILL_SEED", "20261122"),
          "--daemon-share", str(CI_DAEMON_SHARE), "--max-seconds", str(CI_MAX_SECONDS),
-         "--report", str(report_path)],
+         "--relations", str(CI_RELATIONS), "--report", str(report_path)],
         capture_output=True, text=True, timeout=CI_MAX_SECONDS + 420, check=False)
     took = time.monotonic() - started
     report = json.loads(report_path.read_text())
@@ -426,11 +442,13 @@ def test_drill_100_kills_over_every_phase(tmp_path: Path) -> None:
     assert report["ok"], detail
     assert report["total_kills"] >= CI_KILLS, detail
     phases = report["phases"]
-    for phase in ("coordinator/random", "coordinator/wal-record", "daemon/conversion",
-                  "daemon/merge", "daemon/state-publication", "daemon/gc"):
+    assert report["relations"] == CI_RELATIONS
+    for phase in ("coordinator/random", "coordinator/wal-record", "daemon/pack",
+                  "daemon/conversion", "daemon/merge", "daemon/state-publication",
+                  "daemon/gc"):
         assert phases[phase] >= 1, (phase, phases)
     kills = report["kills"]
-    for point in ("trace.after_batch_written", "trace.mid_merge",
+    for point in ("compacter.pack_collected", "trace.after_batch_written", "trace.mid_merge",
                   "trace.after_state_published", "gc.before_delete", "gc.after_delete"):
         assert kills.get(f"daemon:{point}", 0) >= 1, (point, kills)
     assert report["live_checks"] >= 10

@@ -84,7 +84,7 @@ def test_an_output_added_to_a_source_that_cannot_replay_stalls_and_the_rest_comm
         outs = {o["relation"]: o for o in status["outputs"]}
         assert outs["pg.b"]["state"] == "stalled"
         assert "holds no data" in outs["pg.b"]["error"]
-        assert "new source name" in outs["pg.b"]["hint"]
+        assert "lamina ingest resync --config FILE pg public.b" in outs["pg.b"]["hint"]
         assert outs["pg.a"]["state"] == "running"
         assert "pg.b" not in store.relations()
         assert ids(store, "pg.a") == [(i, 1) for i in range(0, 40, 2)]

@@ -24,14 +24,18 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), False)])
 
 class ScriptSource:
     """Offsets are ints; transaction i (i = 0, 1, ...) inserts id i into table "public.a"
-    (even i) or "public.b" (odd i). ``stall_b_at``: a Stall for b once offset reaches it."""
+    (even i) or "public.b" (odd i). ``stall_b_at``: a Stall for b once offset reaches it
+    (``positional``: a Stall about that offset, as PostgreSQL reports stream problems)."""
+
+    replays_from_start = False
 
     def __init__(self, total: int, *, fail_opens: int = 0, stall_b_at: int | None = None,
-                 ) -> None:
+                 positional: bool = False) -> None:
         self.name = "pg"
         self.total = total
         self.fail_opens = fail_opens
         self.stall_b_at = stall_b_at
+        self.positional = positional
         self.pos = 0
         self.opened: list[Offset | None] = []
         self.commits: list[int] = []
@@ -55,7 +59,8 @@ class ScriptSource:
             i = self.pos
             if self.stall_b_at is not None and i >= self.stall_b_at and not self.stalled:
                 self.stalled = True
-                out.append(Stall("public.b", "TRUNCATE of public.b", "re-create the output"))
+                out.append(Stall("public.b", "TRUNCATE of public.b", "re-create the output",
+                                 offset=self.stall_b_at if self.positional else None))
             table = "public.a" if i % 2 == 0 else "public.b"
             out.append(Transaction(i, {table: pa.table({
                 "id": pa.array([i], pa.int64()), "_diff": pa.array([1], pa.int64())})}))
@@ -65,6 +70,15 @@ class ScriptSource:
 
     def commit(self, offset: Offset) -> None:
         self.commits.append(int(offset))
+
+    def set_barriers(self, offsets: list[Offset]) -> None:
+        pass
+
+    def lag_offsets(self) -> int | None:
+        return self.total - self.pos
+
+    def clock(self) -> float:
+        return time.time()
 
     def encode_offset(self, offset: Offset) -> str:
         return str(int(offset))
@@ -138,6 +152,30 @@ def test_a_stalled_table_stops_only_its_output_and_holds_back_the_commit(
         assert ids(store, "pg.a") == [(i, 1) for i in range(0, 60, 2)]
         assert ids(store, "pg.b") == [(i, 1) for i in range(1, 60, 2)]
         assert r2.status()["resume_frontier"] == store.relation("pg.a").upper
+
+
+def test_a_positional_stall_takes_the_bindings_below_it_and_a_passed_one_is_ignored(
+        tmp_path: Path) -> None:
+    with Store.open(tmp_path / "d") as store:
+        src = ScriptSource(60, stall_b_at=31, positional=True)
+        _, status = run_until(store, src, lambda r: r.binding is not None
+                              and r.binding.upper == 60)
+        assert outputs(status)["pg.b"]["state"] == "stalled"
+        b = [i for i, _ in ids(store, "pg.b")]
+        assert b == list(range(1, b[-1] + 1, 2))       # every change up to the stall
+        assert b[-1] < 31
+        remap = store.relation("pg.remap")             # b is sealed past no binding above it
+        bindings = {r["binding_time"]: int(r["upper"]) for r in
+                    remap.snapshot(remap.upper - 1).to_pylist()}
+        assert all(f <= 31 for t, f in bindings.items() if t < store.relation("pg.b").upper)
+        # a replay meeting a stall at a position the output is past (after a resync, say)
+        # ignores it
+        store.relation("pg.b").seal(store.relation("pg.a").upper)  # as a resync would
+        src2 = ScriptSource(80, stall_b_at=1, positional=True)
+        _, status2 = run_until(store, src2, lambda r: r.binding is not None
+                               and r.binding.upper == 80 and r.committed == 80)
+        assert outputs(status2)["pg.b"]["state"] == "running"
+        assert [i for i, _ in ids(store, "pg.b")][-1] == 79
 
 
 def test_outputs_without_bindings_stall_instead_of_counting_twice(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ import json
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,15 @@ def test_a_stalled_source_does_not_block_the_other_and_http_reports_it(tmp_path:
         assert 'lamina_source_lag_offsets{source="good"} 0.0' in text
         assert "lamina_source_bindings_total" in text
         assert "lamina_source_lag_seconds" in text
+        # resync: a files source re-reads its files instead; bad requests are named
+        assert post(proc, "/v1/sources/good/resync", {"table": "good"})[0] == 409
+        code, answer = post(proc, "/v1/sources/nope/resync", {"table": "good"})
+        assert code == 404
+        assert "no source 'nope'" in answer["error"]
+        code, answer = post(proc, "/v1/sources/good/resync", {"table": "other"})
+        assert code == 404
+        assert "has no table 'other'" in answer["error"]
+        assert post(proc, "/v1/sources/good/resync", {"tab": 1})[0] == 400
         assert proc.terminate() == 0
     finally:
         proc.kill()
@@ -103,6 +114,16 @@ def test_a_stalled_source_does_not_block_the_other_and_http_reports_it(tmp_path:
     assert logged
     assert logged[0]["source"] == "bad"
     assert "line 3" in logged[0]["error"]
+
+
+def post(proc: Ingest, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{proc.wait_port()}{path}",
+                                 data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310
+            return int(r.status), json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
 
 
 def test_restart_resumes_without_repeating(tmp_path: Path) -> None:

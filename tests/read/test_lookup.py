@@ -1,4 +1,4 @@
-"""Relation.lookup (lamina.lookup) against snapshot + filter."""
+"""Relation.lookup (lamina.read.lookup) against snapshot + filter."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from lamina.frontier import CLOSED
-from lamina.subscribe import Progress
+from lamina.read.subscribe import Progress
 from tests.read.data import relation
 
 

@@ -74,3 +74,38 @@ def test_spark_snapshot_of_other_types_and_an_empty_relation(spark: Any,
             got = read_snapshot(spark, tmp_path, "t", as_of).toArrow()
             want = rel.snapshot(as_of)
             assert got.to_pylist() == want.to_pylist(), as_of
+
+
+def test_spark_snapshot_as_of_omitted_a_datetime_and_its_lease(spark: Any,
+                                                               tmp_path: Path) -> None:
+    """``as_of`` omitted is the latest readable time; a relation in epoch milliseconds
+    takes a timezone-aware datetime; the DataFrame holds a lease on its state until
+    ``release`` (or until it is garbage-collected)."""
+    from datetime import UTC, datetime, timedelta
+
+    from lamina.spark import release
+    from lamina.trace.trace import Trace
+    from tests.trace.helpers import convert, table_of
+
+    with relation(tmp_path / "a", 14, rounds=12) as (rel, oracle):
+        got = read_snapshot(spark, tmp_path / "a", rel.name).toArrow()
+        assert got.to_pylist() == rel.snapshot(oracle.upper - 1).to_pylist()
+    t0 = datetime(2026, 5, 1, tzinfo=UTC)
+    ms = (t0 - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    root = tmp_path / "b"
+    with Store.open(root, fsync="never") as store:
+        rel = store.create_relation("clicks", pa.schema([("id", pa.int64()),
+                                                         ("item", pa.string())]),
+                                    ["id"], time_unit="ms")
+        rel.append(table_of([(1, "a", ms, 1), (2, "b", ms + 2, 1)]))
+        rel.seal(t0 + timedelta(milliseconds=3))
+        rel.close()
+        convert(Trace.open(store.layout.trace_store("clicks"), rel.meta), rel.wal_dir)
+        leases = store.layout.trace_dir("clicks") / "leases"
+        df = read_snapshot(spark, root, "clicks", t0 + timedelta(microseconds=1500))
+        assert len(list(leases.iterdir())) == 1
+        assert df.toArrow().to_pylist() == [{"id": 1, "item": "a", "_diff": 1}]
+        release(df)
+        assert not leases.exists() or not list(leases.iterdir())
+        release(df)  # idempotent
+        assert read_snapshot(spark, root, "clicks").count() == 2

@@ -1,4 +1,4 @@
-"""Relation.snapshot_reader (lamina.stream) against snapshot and the oracle."""
+"""Relation.snapshot_reader (lamina.read.stream) against snapshot and the oracle."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lamina import stream
 from lamina.errors import AsOfOutOfRangeError
+from lamina.read import stream
 from tests.read.data import relation
 
 

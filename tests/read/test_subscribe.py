@@ -1,4 +1,4 @@
-"""Relation.subscribe (lamina.subscribe) against the oracle, with conversions, merges,
+"""Relation.subscribe (lamina.read.subscribe) against the oracle, with conversions, merges,
 segment deletion and garbage collection running underneath."""
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def test_an_idle_subscription_waits_and_stops(tmp_path: Path) -> None:
         stop = threading.Event()
         sub = rel.subscribe(0, stop=stop, max_wait=0.1)
         assert next(sub) == Progress(1)
-        from lamina import subscribe as mod
+        from lamina.read import subscribe as mod
 
         calls = 0
         real = mod._signature

@@ -1,4 +1,4 @@
-"""The subscription's WAL tail cache (lamina.subscribe.TailCache): the open segment is read
+"""The subscription's WAL tail cache (lamina.read.subscribe.TailCache): the open segment is read
 incrementally (lamina.wal.reader.appended_updates) and always yields what a full decode
 yields, through records being written (torn tails), rotation and damage."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from lamina import Store
 from lamina.errors import CorruptionError
-from lamina.subscribe import TailCache
+from lamina.read.subscribe import TailCache
 from lamina.wal.reader import segment_updates
 from lamina.wal.record import RecordType
 from lamina.wal.segment import SegmentFile, list_segments, scan_file

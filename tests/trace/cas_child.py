@@ -20,9 +20,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lamina.compacter.executors import reference
 from lamina.errors import StateConflictError
 from lamina.store import Store
-from lamina.trace import reference
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
 from tests.trace.helpers import NAME, pending_spans

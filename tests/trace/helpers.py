@@ -16,13 +16,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from lamina.compacter.executors import reference
 from lamina.fs import TMP_SUFFIX, FileSystem
 from lamina.layout import TraceLayout
 from lamina.objstore.base import ObjectStore
 from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Relation
-from lamina.trace import reference
 from lamina.trace.invariants import check_data, check_state
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.state import StateStore, TraceState

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from lamina.compacter.executors import reference
 from lamina.errors import StateConflictError
 from lamina.objstore.base import ObjectStore
 from lamina.store import Relation, Store
-from lamina.trace import reference
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.state import StateStore, TraceState
 from lamina.trace.trace import Trace

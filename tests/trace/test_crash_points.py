@@ -35,10 +35,10 @@ from queue import Queue
 
 import pytest
 
+from lamina.compacter.executors import reference
 from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Store
-from lamina.trace import reference
 from lamina.trace.plan import plan_conversion
 from lamina.trace.state import StateStore
 from lamina.trace.trace import Trace

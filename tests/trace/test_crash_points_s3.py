@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lamina.layout import Layout, TraceLocation
+from lamina.datadir import DataDir, TraceLocation
 from lamina.objstore.base import open_store
 from lamina.store import Store
 from lamina.testing.unreliable import SimulatedCrash, UnreliableStore
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.slow
 def _copy(base: StepBase, bucket: str, dest: Path) -> None:
     """``base``'s data directory at ``dest``, its traces under a prefix of their own."""
     shutil.copytree(base.root, dest)
-    src = open_store(Layout(base.root).trace_url())
+    src = open_store(DataDir(base.root).trace_url())
     url = f"s3://{bucket}/{dest.name}"
     copy = open_store(url)
     for obj in src.list(""):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from lamina.compacter.executors import reference
 from lamina.store import Relation, Store
-from lamina.trace import reference
 from lamina.trace.invariants import check_data
 from lamina.trace.plan import plan_conversion
 from lamina.trace.state import StateStore

@@ -81,6 +81,19 @@ def test_damage_is_corruption(data: bytes, error: str) -> None:
     assert info.value.path == path
 
 
+def test_damage_is_described_in_bounded_length() -> None:
+    """A damaged state is described (what, where), never quoted: the message goes to
+    verify, the QUARANTINED marker and the log."""
+    data = bytearray(encode_state(STATE)) + b" " * 100_000
+    data[40] = 0xFF
+    for damaged in (bytes(data), b"{" + b"x" * 100_000):
+        with pytest.raises(CorruptionError) as info:
+            decode_state(damaged, state_file_name(7))
+        assert len(info.value.reason) < 300, info.value.reason
+        assert "b'" not in info.value.reason
+    assert info.value.reason.startswith("trace state is unreadable: not valid JSON (")
+
+
 def test_format_version_and_file_name_are_checked() -> None:
     """A checksummed state of another format version, or in a file named for another
     version, is refused."""

@@ -41,9 +41,10 @@ from hypothesis.stateful import (
     rule,
 )
 
+from lamina.compacter.executors import reference
 from lamina.frontier import CLOSED
 from lamina.store import Relation, Store
-from lamina.trace import pending, reference
+from lamina.trace import pending
 from lamina.trace.invariants import check_data, check_state
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.state import StateStore

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lamina import CLOSED, Store
+from lamina.datadir import DataDir
 from lamina.errors import (
     CorruptionError,
     FrontierRegressionError,
@@ -31,10 +34,20 @@ from lamina.errors import (
 )
 from lamina.fs import FileSystem
 from lamina.schema import RelationMeta, conform_updates
-from lamina.wal.log import WalWriter
+from lamina.wal.log import WalWriter, least_time
 from lamina.wal.reader import frontiers, segment_updates
-from lamina.wal.segment import list_segments, scan_buffer, scan_file, segment_name
+from lamina.wal.record import COMPRESSIONS, Compression, RecordType, frame
+from lamina.wal.segment import (
+    SegmentFile,
+    encode_header,
+    list_segments,
+    opening_records,
+    scan_buffer,
+    scan_file,
+    segment_name,
+)
 from tests.conftest import ORDERS, tree_digest, updates
+from tests.wal.codecs import codec_of
 
 NAME = "orders"
 META = RelationMeta.new(NAME, ORDERS, ["id"])
@@ -42,9 +55,10 @@ META = RelationMeta.new(NAME, ORDERS, ["id"])
 
 # --- helpers ------------------------------------------------------------------------------
 
-def new_relation(root: Path) -> Path:
-    """Create the ORDERS relation through the public API; return its WAL directory."""
-    with Store.open(root) as store:
+def new_relation(root: Path, compression: Compression = "none") -> Path:
+    """Create the ORDERS relation through the public API (its first segment of the
+    version ``compression`` writes); return its WAL directory."""
+    with Store.open(root, wal_compression=compression) as store:
         store.create_relation(NAME, ORDERS, key=["id"])
     return root / "wal" / NAME
 
@@ -214,9 +228,11 @@ def test_bad_calls_raise_and_change_nothing(tmp_path: Path, call: object,
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"fsync": "sometimes"}, "fsync policy"),
     ({"segment_bytes": 4095}, "below the minimum"),
+    ({"compression": "gzip"}, "WAL compression 'gzip' is not one of"),
 ])
 def test_bad_writer_options(tmp_path: Path, kwargs: dict[str, object], match: str) -> None:
-    """Unknown fsync policies and tiny segments are refused before the lock is taken."""
+    """Unknown fsync policies and compressions and tiny segments are refused before the
+    lock is taken."""
     wal = new_relation(tmp_path)
     before = tree_digest(tmp_path)
     with pytest.raises(InvalidArgumentError, match=match):
@@ -349,13 +365,15 @@ def test_concurrent_seals_and_appends_keep_segments_well_formed(tmp_path: Path) 
 
 # --- recovery -----------------------------------------------------------------------------
 
-def test_torn_last_record_at_every_offset(tmp_path: Path) -> None:
-    """Cut the open segment inside its last record at every byte offset: reopening keeps
-    exactly the complete prefix (the file is cut back to it and synced), the frontiers and
-    the snapshot are those of the prefix, and the log takes new appends afterwards."""
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_torn_last_record_at_every_offset(tmp_path: Path, compression: Compression) -> None:
+    """Cut the open segment inside its last record (compressed or not) at every byte
+    offset: reopening keeps exactly the complete prefix (the file is cut back to it and
+    synced), the frontiers and the snapshot are those of the prefix, and the log takes new
+    appends afterwards."""
     root = tmp_path / "data"
     wal = new_relation(root)
-    w = WalWriter(wal, NAME)
+    w = WalWriter(wal, NAME, compression=compression)
     w.append(batch(0, 3, 1))
     w.seal(5)
     w.allow_compaction(2)
@@ -459,16 +477,19 @@ def test_bad_record_followed_by_good_is_refused(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_damaged_finished_segment_is_refused_by_readers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_damaged_finished_segment_is_refused_by_readers(tmp_path: Path,
+                                                         compression: Compression) -> None:
     """A single flipped bit in a finished segment (sampled over its whole length, every
-    bit position) makes the public read path raise CorruptionError naming the file; the
-    snapshot is never computed from a wrong record."""
+    bit position; its records compressed or not) makes the public read path raise
+    CorruptionError naming the file; the snapshot is never computed from a wrong
+    record."""
     root = tmp_path / "data"
     wal = new_relation(root)
-    w = WalWriter(wal, NAME, segment_bytes=4096)
+    w = WalWriter(wal, NAME, segment_bytes=4096, compression=compression)
     w.append(batch(0, 300, 1))
     w.seal(5)
-    w.close()
+    w.close(finish=True)  # compressed, the segment may stay below the size target
     finished = wal / segment_name(1, finished=True)
     pristine = finished.read_bytes()
     with Store.open(root) as store:
@@ -687,3 +708,156 @@ def test_fsync_error_during_rotation(tmp_path: Path) -> None:
     assert w.upper == 0
     w.close()
     assert logged_ids(wal) == list(range(300))
+
+
+# --- compression --------------------------------------------------------------------------
+
+def update_codecs(wal: Path) -> list[tuple[int, str]]:
+    """(segment seq, codec) of every UPDATES record of the log, in log order."""
+    out = []
+    for seg in list_segments(wal):
+        scan, _ = scan_file(seg, NAME)
+        out.extend((seg.seq, codec_of(r.payload)) for r in scan.updates())
+    return out
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_a_store_writes_its_setting_and_every_reader_reads_it(tmp_path: Path,
+                                                              compression: Compression) -> None:
+    """Store.open(wal_compression=...) writes its appends' records with that setting, in
+    finished segments and the open one, and every reader gets the same rows: snapshots
+    (trace-less here: the WAL tail), the segment reader and ``lamina verify``; a compressed
+    log takes a fraction of the uncompressed one's bytes."""
+    from lamina.verify import verify_relation
+
+    sizes = {}
+    for c in dict.fromkeys(("none", compression)):
+        root = tmp_path / c
+        with Store.open(root, wal_compression=c, segment_bytes=8 << 10) as store:
+            rel = store.create_relation(NAME, ORDERS, key=["id"])
+            for i in range(12):
+                rel.append(batch(i * 1000, 1000, i))
+                rel.seal(i + 1)
+            rel.append(batch(20_000, 10, 12))  # left in the open segment
+            rel.seal(13)
+            assert rel.snapshot(12).num_rows == 12_010
+        wal = root / "wal" / NAME
+        assert {codec for _, codec in update_codecs(wal)} == {c}
+        assert len([s for s in list_segments(wal) if s.finished]) >= 2
+        assert logged_ids(wal) == [*range(12_000), *range(20_000, 20_010)]
+        with Store.open(root) as store:  # another process's view, another setting
+            assert store.relation(NAME).snapshot(12).column("id").to_pylist() == [
+                *range(12_000), *range(20_000, 20_010)]
+        report = verify_relation(DataDir(root), NAME)
+        assert report.ok, report.problems
+        sizes[c] = sum(s.path.stat().st_size for s in list_segments(wal))
+    if compression != "none":
+        assert sizes[compression] < sizes["none"] / 2
+
+
+def test_settings_mix_in_one_segment_and_in_a_log(tmp_path: Path) -> None:
+    """Writers of different settings, one after the other, append to the same open
+    segment; each record keeps the setting it was written with, the segment reads back in
+    order, and after rotation the next segment takes the next writer's setting."""
+    wal = new_relation(tmp_path, "lz4")
+    order: list[Compression] = ["lz4", "none", "zstd", "lz4"]
+    for k, c in enumerate(order):
+        w = WalWriter(wal, NAME, compression=c)
+        w.append(batch(k * 100, 100, k))
+        w.close()
+    assert update_codecs(wal) == [(1, c) for c in order]
+    w = WalWriter(wal, NAME, compression="zstd", segment_bytes=4096)
+    w.seal(10)  # past the size target: finishes segment 1
+    w.append(batch(1000, 100, 10))
+    w.close()
+    assert update_codecs(wal) == [*((1, c) for c in order), (2, "zstd")]
+    assert logged_ids(wal) == [*range(400), *range(1000, 1100)]
+
+
+def test_a_version_1_open_segment_takes_uncompressed_records_until_it_finishes(
+        tmp_path: Path) -> None:
+    """An open segment of format version 1 (an older lamina's) is continued with
+    uncompressed records, whatever the setting, so that its version stays true; the
+    segment after it is version 2 and compressed; everything reads back."""
+    wal = new_relation(tmp_path)
+    seg = open_segment(wal)
+    seg.write_bytes(encode_header(NAME, 1, 1) + opening_records(0, 0))
+    w = WalWriter(wal, NAME, compression="lz4", segment_bytes=4096)
+    w.append(batch(0, 200, 1))
+    w.seal(2)  # past the size target: finishes the version 1 segment
+    w.append(batch(200, 200, 3))
+    w.close()
+    versions = [scan_file(s, NAME)[0].version for s in list_segments(wal)]
+    assert versions == [1, 2]
+    assert update_codecs(wal) == [(1, "none"), (2, "lz4")]
+    assert logged_ids(wal) == list(range(400))
+
+
+def test_without_compression_segments_stay_version_1(tmp_path: Path) -> None:
+    """A writer that does not compress (the default) creates version 1 segments, which a
+    lamina that knows no compression reads: turning compression on is what makes new
+    segments version 2."""
+    wal = new_relation(tmp_path)
+    w = WalWriter(wal, NAME, segment_bytes=4096)
+    w.append(batch(0, 100, 1))
+    w.seal(2)  # past the size target: a second segment
+    w.close()
+    w = WalWriter(wal, NAME, compression="zstd", segment_bytes=4096)
+    w.append(batch(100, 100, 3))
+    w.seal(4)
+    w.close()
+    versions = [scan_file(s, NAME)[0].version for s in list_segments(wal)]
+    assert versions == [1, 1, 2]
+    assert logged_ids(wal) == list(range(200))
+
+
+def test_store_open_refuses_an_unknown_compression(tmp_path: Path) -> None:
+    """A wrong wal_compression is an InvalidArgumentError naming the settings, and creates
+    nothing."""
+    for bad in ("gzip", "LZ4", None, 4):
+        with pytest.raises(InvalidArgumentError, match="wal_compression must be one of"):
+            Store.open(tmp_path / "d", wal_compression=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_damaged_compressed_record_is_reported_by_verify(tmp_path: Path) -> None:
+    """A compressed record whose checksum passes but whose buffer does not decompress
+    (its declared length changed, the CRC32C recomputed) is a problem ``lamina verify``
+    names with file and offset, and a snapshot refuses it as corruption."""
+    import struct
+
+    from lamina.verify import verify_relation
+
+    root = tmp_path / "data"
+    wal = new_relation(root, "lz4")
+    w = WalWriter(wal, NAME, compression="lz4")
+    w.append(batch(0, 100, 1))
+    w.seal(2)
+    w.close()
+    seg = open_segment(wal)
+    scan, data = scan_file(SegmentFile(seg, 1, False), NAME)
+    rec = scan.updates()[0]
+    payload = bytearray(rec.payload)
+    at = payload.index(b"\x04\x22\x4d\x18") - 8
+    (length,) = struct.unpack_from("<q", payload, at)
+    struct.pack_into("<q", payload, at, length + 8)
+    seg.write_bytes(data[:rec.offset] + frame(RecordType.UPDATES, bytes(payload))
+                    + data[rec.end:])
+    report = verify_relation(DataDir(root), NAME)
+    assert any(f"{seg} at byte {rec.offset}" in p for p in report.problems), report.problems
+    with Store.open(root) as store, pytest.raises(CorruptionError) as info:
+        store.relation(NAME).snapshot(1)
+    assert (info.value.path, info.value.offset) == (seg, rec.offset)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=6), max_size=4),
+       st.integers(0, 12), st.integers(0, 12))
+def test_least_time_reads_every_chunk_and_slice(chunks: list[list[int]], start: int,
+                                               length: int) -> None:
+    """The append's time check takes the least _time of a column of any chunks, sliced
+    anywhere, as Arrow's own min does (CLOSED for no rows)."""
+    column = pa.chunked_array([pa.array(c, pa.uint64()) for c in chunks], pa.uint64())
+    table = pa.table({"_time": column}).slice(start, length)
+    values = table.column("_time").to_pylist()
+    assert least_time(table.column("_time")) == (min(values) if values else CLOSED)

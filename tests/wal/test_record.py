@@ -1,9 +1,11 @@
 """lamina.wal.record: the record framing, frontier and update payloads.
 
 Property tests: any schema-valid batch over random schemas (every supported type, nulls
-where nullable) and any frontier (including CLOSED = 2**64) survives encode -> frame ->
-read_frame -> decode bit for bit; any truncation or single bit flip of a frame is a
-BadFrame, never a different record.
+where nullable), uncompressed or LZ4- or ZSTD-compressed, and any frontier (including
+CLOSED = 2**64) survives encode -> frame -> read_frame -> decode bit for bit; any
+truncation or single bit flip of a frame is a BadFrame, never a different record; a
+compressed payload that passed its checksum but does not decompress is a ValueError (the
+readers' corruption), never a crash, whatever byte of it is damaged.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from lamina.frontier import CLOSED, MAX_TIME
 from lamina.fs import crc32c
 from lamina.schema import RelationMeta, conform_updates
 from lamina.wal.record import (
+    COMPRESSIONS,
     HEADER_SIZE,
     MAX_PAYLOAD,
     BadFrame,
+    Compression,
     Record,
     RecordType,
     UpdatesEncoder,
@@ -94,21 +98,22 @@ def test_frontier_records_round_trip(value: int, rtype: RecordType) -> None:
 @given(st.data())
 def test_update_records_round_trip(data: st.DataObject) -> None:
     """Any batch valid for any supported schema (all types, nulls where nullable, times
-    up to 2**64-1, diffs over all of int64) is conformed unchanged, encodes to the same
-    bytes through the zero-copy append path (UpdatesEncoder's pieces, one encoder
-    reused for several records) as through frame(encode_updates), and decodes from its
-    record to the same schema and bit-identical values."""
+    up to 2**64-1, diffs over all of int64) is conformed unchanged, encodes, with any
+    compression, to the same bytes through the zero-copy append path (UpdatesEncoder's
+    pieces, one encoder reused for several records) as through frame(encode_updates), and
+    decodes from its record to the same schema and bit-identical values."""
     meta = RelationMeta.new("r", data.draw(schemas()), None)
     table = data.draw(batches(meta))
+    compression: Compression = data.draw(st.sampled_from(COMPRESSIONS))  # type: ignore[arg-type]
     conformed = conform_updates(meta, table)
     assert same_table(conformed, table)
-    payload = encode_updates(conformed)
+    payload = encode_updates(conformed, compression)
     expected = frame(RecordType.UPDATES, payload)
-    encoder = UpdatesEncoder(conformed.schema)
+    encoder = UpdatesEncoder(conformed.schema, compression)
     half = conformed.slice(conformed.num_rows // 2)
     for t in (conformed, half, conformed):  # a kept-open stream writer: no state leaks
         pieces, size = encoder.encode(t)
-        assert b"".join(pieces) == frame(RecordType.UPDATES, encode_updates(t))
+        assert b"".join(pieces) == frame(RecordType.UPDATES, encode_updates(t, compression))
         assert size == sum(len(p) for p in pieces)
     assert b"".join(encoder.encode(conformed)[0]) == expected
     buf = memoryview(b"junk" + frame(RecordType.UPDATES, payload))
@@ -119,7 +124,7 @@ def test_update_records_round_trip(data: st.DataObject) -> None:
     decoded = decode_updates(rec.payload)
     assert decoded.schema.equals(meta.update_schema)
     assert same_table(decoded, conformed)
-    assert encode_updates(decoded) == payload
+    assert encode_updates(decoded, compression) == payload
 
 
 def test_encoder_pieces_equal_a_fresh_stream_for_chunks_slices_and_dictionaries() -> None:
@@ -131,13 +136,17 @@ def test_encoder_pieces_equal_a_fresh_stream_for_chunks_slices_and_dictionaries(
     chunked = pa.concat_tables([plain, plain.slice(1, 2), plain])
     dicts = pa.table({"d": pa.array(["x", "y", "x"]).dictionary_encode(),
                       "l": pa.array([[1], [2, 3], []], pa.list_(pa.int32()))})
-    for tables in ([plain, chunked, plain.slice(1), plain], [dicts, dicts.slice(1), dicts]):
-        encoder = UpdatesEncoder(tables[0].schema)
-        for t in tables:
-            pieces, size = encoder.encode(t)
-            expected = frame(RecordType.UPDATES, encode_updates(t))
-            assert b"".join(pieces) == expected
-            assert size == len(expected)
+    for compression in COMPRESSIONS:
+        for tables in ([plain, chunked, plain.slice(1), plain],
+                       [dicts, dicts.slice(1), dicts]):
+            encoder = UpdatesEncoder(tables[0].schema, compression)  # type: ignore[arg-type]
+            for t in tables:
+                pieces, size = encoder.encode(t)
+                expected = frame(RecordType.UPDATES,
+                                 encode_updates(t, compression))  # type: ignore[arg-type]
+                assert b"".join(pieces) == expected
+                assert size == len(expected)
+                assert decode_updates(expected[HEADER_SIZE:]).equals(t.combine_chunks())
     big = pa.table({"k": pa.array(range(1000), pa.int64())})
     pieces, _ = UpdatesEncoder(big.schema).encode(big)
     column = big.column("k").chunk(0).buffers()[1]
@@ -265,3 +274,80 @@ def test_find_valid_frame_matches_a_byte_by_byte_search(pieces: list[bytes],
     search finds, over garbage, torn frames and frames embedded anywhere."""
     buf = memoryview(b"".join(pieces))
     assert find_valid_frame(buf, start) == _find_valid_frame_reference(buf, start)
+
+
+def _compressible(rows: int = 2000) -> pa.Table:
+    return pa.table({"id": pa.array(range(rows), pa.int64()),
+                     "item": [f"item-{i % 37:05d}" for i in range(rows)],
+                     "_time": pa.array([7] * rows, pa.uint64()),
+                     "_diff": pa.array([1] * rows, pa.int64())})
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_compressed_records_are_smaller_and_decode_to_the_same_table(
+        compression: Compression) -> None:
+    """A compressed record is a different, smaller Arrow IPC stream with the same schema
+    message, and decodes to the very table an uncompressed one does."""
+    t = _compressible()
+    plain, packed = encode_updates(t), encode_updates(t, compression)
+    assert len(packed) < len(plain) / 3
+    assert decode_updates(packed).equals(decode_updates(plain))
+    sink = pa.BufferOutputStream()
+    pa.ipc.new_stream(sink, t.schema).close()
+    schema_message = sink.getvalue().to_pybytes()[:-8]  # without the end-of-stream marker
+    assert packed.startswith(schema_message)
+    assert plain.startswith(schema_message)
+
+
+def test_unknown_compression_is_refused() -> None:
+    """Only the documented settings are accepted, by the encoders alike."""
+    t = _compressible(3)
+    for bad in ("gzip", "LZ4", None, ""):
+        with pytest.raises(ValueError, match="WAL compression"):
+            encode_updates(t, bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="WAL compression"):
+            UpdatesEncoder(t.schema, bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_damaged_compressed_payload_is_a_value_error_never_a_crash(
+        compression: Compression) -> None:
+    """Damage inside a compressed payload that its checksum did not catch (a writer's bug,
+    or bytes made to pass): flipping any byte of it, or cutting it anywhere, decodes to
+    ValueError or to a table (lz4 and zstd frames carry no checksum of
+    their own: the record's CRC32C is what catches damage), never another exception.
+    (tests/wal/test_segment.py: the readers turn the ValueError into corruption naming
+    file and offset.)"""
+    t = _compressible(300)
+    payload = encode_updates(t, compression)
+    outcomes: set[str] = set()
+    variants = [payload[:cut] for cut in range(0, len(payload), 7)]
+    for pos in range(len(payload)):
+        flipped = bytearray(payload)
+        flipped[pos] ^= 0xFF
+        variants.append(bytes(flipped))
+    for variant in variants:
+        try:
+            back = decode_updates(variant)
+        except ValueError as exc:
+            outcomes.add("error" if "malformed Arrow IPC" in str(exc) else f"other: {exc}")
+        else:  # the readers check the schema against the relation's
+            outcomes.add("table" if isinstance(back, pa.Table) else f"other: {back!r}")
+    assert "error" in outcomes
+    assert outcomes <= {"error", "table"}, outcomes
+
+
+def test_a_buffer_declaring_more_than_the_record_limit_is_a_value_error() -> None:
+    """A compressed buffer's declared uncompressed length beyond MAX_PAYLOAD (no writer
+    makes one: appends are limited) makes Arrow fail to allocate it; that is damage, a
+    ValueError, not the process running out of memory."""
+    t = pa.table({"id": pa.array(range(64), pa.int64()),
+                  "_time": pa.array([1] * 64, pa.uint64()),
+                  "_diff": pa.array([1] * 64, pa.int64())})
+    payload = bytearray(encode_updates(t, "lz4"))
+    length = struct.pack("<q", 64 * 8)  # the id column's uncompressed length
+    at = payload.find(length)
+    assert at > 0
+    payload[at:at + 8] = struct.pack("<q", 1 << 56)
+    with pytest.raises(ValueError, match="malformed Arrow IPC"):
+        decode_updates(bytes(payload))

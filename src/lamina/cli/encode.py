@@ -1,18 +1,38 @@
 """Streaming output of record batches for the command line: CSV, JSON lines, Parquet and
 Arrow IPC, written batch by batch to a binary sink (memory stays one batch).
 
-JSON lines are encoded column-wise with Arrow compute (no Python object per value):
-integers, finite floats and booleans as JSON numbers and literals, every other type as its
-Arrow string cast in a JSON string (dates ``2024-01-31``, timestamps
-``2024-01-31 12:00:00.000000``, decimals ``12.50``), nulls as ``null``. A batch that
-holds anything this cannot encode exactly (non-finite floats, control characters other
-than tab/newline/CR, binary that is not UTF-8) is encoded with :mod:`json` instead, values
-through ``str`` as before.
+JSON lines are strict JSON (RFC 8259) on every line, and each type is written one way for
+the whole file, whatever the values (docs/reading.md lists it for users):
+
+========================  ===============================================================
+integers, booleans        JSON numbers and literals (``-3``, ``true``)
+finite floats             JSON numbers, shortest round-trip form (``0.1``, ``1e+20``)
+NaN, infinities           the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``
+strings                   JSON strings (UTF-8; control characters escaped)
+binary                    base64 strings (RFC 4648, with padding)
+timestamps                ISO 8601 strings, every digit of the column's unit
+                          (``2024-01-31T12:00:00.000000`` for a relation's timestamp[us]),
+                          ``Z`` appended for a timestamp with a timezone (the UTC time)
+dates                     ``"2024-01-31"``
+decimals                  strings with the column's scale (``"12.50"``): exact
+lists, structs, maps      JSON arrays and objects (a map as ``[[key, value], ...]``) of
+                          values written as above
+null                      ``null``
+========================  ===============================================================
+
+The scalar types are encoded column-wise with Arrow compute (no Python object per value);
+nested types go through :mod:`json` with the same rules. CSV writes binary columns as
+base64 too (pyarrow's writer cannot write bytes that are not UTF-8), everything else as
+pyarrow writes it.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime
+import decimal
 import json
+import math
 from typing import IO, Any
 
 import numpy as np
@@ -21,48 +41,89 @@ import pyarrow.compute as pc
 
 FORMATS = ("csv", "jsonl", "parquet", "arrow")
 
-
-_ESCAPES = {0x5C: ("\\", "\\\\"), 0x22: ('"', '\\"'), 0x0A: ("\n", "\\n"),
-            0x0D: ("\r", "\\r"), 0x09: ("\t", "\\t")}
-"""Bytes a JSON string must escape that have a short escape, backslash first."""
+_SHORT_ESCAPES = {0x5C: "\\\\", 0x22: '\\"', 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t",
+                  0x08: "\\b", 0x0C: "\\f"}
+"""Bytes a JSON string must escape that have a short escape (backslash first: escapes
+added later must not be doubled); every other byte below 0x20 becomes ``\\u00XX``."""
 
 
 def _special_bytes(text: pa.Array) -> list[int]:
     """The bytes below 0x20, quotes and backslashes in a large_string array's values (one
-    numpy pass over its data buffer: most text has none and needs no replacement), in
-    the order of :data:`_ESCAPES` first."""
+    numpy pass over its data buffer: most text has none and needs no replacement),
+    backslash first."""
     if len(text) == 0 or text.buffers()[2] is None:
         return []
     offsets = np.frombuffer(text.buffers()[1], dtype=np.int64)[text.offset:
                                                                text.offset + len(text) + 1]
     data = np.frombuffer(text.buffers()[2], dtype=np.uint8)[int(offsets[0]):int(offsets[-1])]
-    found = np.unique(data[(data < 0x20) | (data == 0x22) | (data == 0x5C)]).tolist()
-    return sorted(found, key=lambda b: (list(_ESCAPES).index(b) if b in _ESCAPES else 99, b))
+    found: list[int] = np.unique(data[(data < 0x20) | (data == 0x22) | (data == 0x5C)]).tolist()
+    return sorted(found, key=lambda b: (b != 0x5C, b))
 
 
-def _json_values(col: pa.Array) -> pa.Array | None:
-    """A string array of each value as JSON text, or None when this encoding would not be
-    exact."""
+def _quoted(text: pa.Array) -> pa.Array:
+    """Each string of a large_string array as a JSON string literal."""
+    for byte in _special_bytes(text):
+        escape = _SHORT_ESCAPES.get(byte, f"\\u{byte:04x}")
+        text = pc.replace_substring(text, chr(byte), escape)
+    return pc.binary_join_element_wise(_lit('"'), text, _lit('"'), _lit(""))
+
+
+def _base64(col: pa.Array) -> pa.Array:
+    return pa.array([None if v is None else base64.b64encode(v).decode("ascii")
+                     for v in col.to_pylist()], pa.large_string())
+
+
+def _json_values(col: pa.Array) -> pa.Array:
+    """A large_string array of each value of ``col`` as JSON text."""
     t = col.type
+    if pa.types.is_dictionary(t):
+        col = pc.cast(col, t.value_type)
+        t = col.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         text = pc.cast(col, pa.large_string())
     elif pa.types.is_floating(t):
-        if pc.all(pc.is_finite(col)).as_py() not in (True, None):
-            return None
         text = pc.cast(col, pa.large_string())
-    else:
-        try:
-            text = pc.cast(col, pa.large_string())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return None
-        special = _special_bytes(text)
-        if special - _ESCAPES.keys():
-            return None  # control characters without a short escape: the json fallback
-        for byte in special:  # backslash first, so later escapes are not doubled
-            a, b = _ESCAPES[byte]
-            text = pc.replace_substring(text, a, b)
-        text = pc.binary_join_element_wise(_lit('"'), text, _lit('"'), _lit(""))
+        if pc.any(pc.invert(pc.is_finite(col))).as_py():
+            inf = pa.scalar(math.inf, t)
+            for mask, json_text in ((pc.is_nan(col), '"NaN"'),
+                                    (pc.equal(col, inf), '"Infinity"'),
+                                    (pc.equal(col, pc.negate(inf)), '"-Infinity"')):
+                text = pc.if_else(mask, _lit(json_text), text)
+    elif _is_binary(t):
+        text = _quoted(_base64(col))
+    elif pa.types.is_timestamp(t):
+        iso = pc.replace_substring(pc.cast(col, pa.large_string()), " ", "T",
+                                   max_replacements=1)
+        text = _quoted(iso)
+    elif pa.types.is_nested(t):
+        text = pa.array([None if v is None else json.dumps(_plain(v), allow_nan=False,
+                                                            ensure_ascii=False,
+                                                            separators=(",", ":"))
+                         for v in col.to_pylist()], pa.large_string())
+    else:  # strings, dates, times, decimals: Arrow's text form, quoted
+        text = _quoted(pc.cast(col, pa.large_string()))
     return pc.fill_null(text, _lit("null"))
+
+
+def _plain(v: Any) -> Any:
+    """A Python value of a nested column made JSON-ready by the rules above."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity"
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode("ascii")
+    if isinstance(v, datetime.datetime):
+        return v.strftime("%Y-%m-%dT%H:%M:%S.%f") + ("Z" if v.tzinfo is not None else "")
+    if isinstance(v, datetime.date | datetime.time):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return format(v, "f")
+    if isinstance(v, datetime.timedelta):
+        return v.total_seconds()
+    return v
 
 
 def _lit(text: str) -> pa.Scalar:
@@ -70,16 +131,13 @@ def _lit(text: str) -> pa.Scalar:
 
 
 def jsonl(batch: pa.RecordBatch) -> bytes:
-    """The rows of ``batch`` as JSON lines."""
+    """The rows of ``batch`` as JSON lines (the module docstring's rules)."""
     if batch.num_rows == 0:
         return b""
     parts: list[Any] = []
     for i, name in enumerate(batch.schema.names):
-        values = _json_values(batch.column(i))
-        if values is None:
-            return "".join(json.dumps(r, default=str) + "\n"
-                           for r in batch.to_pylist()).encode()
-        parts.extend([_lit("{" if i == 0 else ","), _lit(json.dumps(name)), _lit(":"), values])
+        parts.extend([_lit("{" if i == 0 else ","), _lit(json.dumps(name, ensure_ascii=False)),
+                      _lit(":"), _json_values(batch.column(i))])
     parts.append(_lit("}\n"))
     lines = pc.binary_join_element_wise(*parts, _lit(""))
     if isinstance(lines, pa.ChunkedArray):
@@ -91,6 +149,25 @@ def jsonl(batch: pa.RecordBatch) -> bytes:
     data = lines.buffers()[2]
     out: bytes = data.to_pybytes()[int(offsets[0]):int(offsets[-1])]
     return out
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t)
+                or pa.types.is_binary_view(t) or pa.types.is_fixed_size_binary(t))
+
+
+def csv_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema CSV is written with: binary columns as (base64) strings."""
+    return pa.schema([pa.field(f.name, pa.large_string(), f.nullable) if _is_binary(f.type)
+                      else f for f in schema])
+
+
+def csv_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with its binary columns as base64 strings (:func:`csv_schema`)."""
+    if schema.equals(batch.schema):
+        return batch
+    cols = [_base64(c) if _is_binary(c.type) else c for c in batch.columns]
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
 class BatchWriter:
@@ -105,7 +182,8 @@ class BatchWriter:
         if fmt == "csv":
             import pyarrow.csv as pcsv
 
-            self._writer = pcsv.CSVWriter(sink, schema)
+            self.schema = csv_schema(schema)
+            self._writer = pcsv.CSVWriter(sink, self.schema)
         elif fmt == "parquet":
             import pyarrow.parquet as pq
 
@@ -118,6 +196,8 @@ class BatchWriter:
         for b in batches:
             if self.fmt == "jsonl":
                 self.sink.write(jsonl(b))
+            elif self.fmt == "csv":
+                self._writer.write_batch(csv_batch(b, self.schema))
             else:
                 self._writer.write_batch(b)
 

@@ -1,65 +1,121 @@
-"""The ``lamina`` command line (README, Command line): serve, status, snapshot, verify, drill.
+"""The ``lamina`` command line (README, Command line): the parser, and the one handler every
+command runs under.
 
-Exit codes: 0 success; 1 a problem was found (verify, drill) or the command failed;
-2 bad usage or configuration.
+Commands live by what they do: the daemons here (``serve``, ``ingest`` and ``drill`` hand
+over to their packages, imported when they run: they need lamina's extras), reads in
+:mod:`lamina.cli.reading` (``snapshot``, ``lookup``, ``subscribe``), the relation catalogue
+in :mod:`lamina.cli.relations` (``relations``, ``describe``, ``drop``) and the checks in
+:mod:`lamina.cli.report` (``status``, ``verify``); where output goes and what progress it
+shows: :mod:`lamina.cli.output`; the data directory: :mod:`lamina.cli.datadir`.
+
+Every command honours ``LAMINA_DATA_DIR`` (``--data-dir`` wins; default ``./lamina-data``),
+except ``drill``, whose directory is a scratch directory it fills and kills in, never a
+store's. Reads open the store read-only (:meth:`lamina.Store.open`), so a mistyped path
+creates nothing.
+
+Errors are one line on standard error, never a traceback (:func:`main`). Exit codes: 0
+success; 1 a problem was found (verify, drill) or the command failed; 2 bad usage or
+configuration; 130 interrupted (Ctrl-C; 143 SIGTERM while writing ``--output``); 141
+standard output closed early (``| head``: the
+command stops quietly, as a Unix tool killed by SIGPIPE would).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from lamina import failpoints
+from lamina import __version__, failpoints
+from lamina.cli import reading, relations, report
+from lamina.cli.datadir import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from lamina.cli.output import Interrupted
 from lamina.errors import ConfigError, LaminaError
-from lamina.frontier import fmt
 
-DEFAULT_DATA_DIR = "lamina-data"
+TRACEBACK_ENV = "LAMINA_TRACEBACK"
+"""Set to 1 to see the traceback of an unexpected error (a bug) instead of one line."""
+
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+_EXTRA_OF_MODULE = {"obstore": "s3", "psycopg2": "postgres"}
+_EXTRA_OF_COMMAND = {"serve": "compacter", "drill": "compacter", "ingest": "ingest"}
+"""Which of pyproject.toml's extras a missing module, or else a command, needs."""
 
 
-def _data_dir_arg(p: argparse.ArgumentParser, default: str | None = DEFAULT_DATA_DIR) -> None:
-    p.add_argument("--data-dir", default=default,
-                   help=f"data directory (default: {default or 'from config'})")
+def _data_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_DIR_ENV}, "
+                   f"else ./{DEFAULT_DATA_DIR})")
+
+
+def _as_of_arg(p: argparse.ArgumentParser, what: str = "time to read at") -> None:
+    p.add_argument("--as-of", default="latest", metavar="T",
+                   help=f"{what}: an integer time, or 'latest' (the default: the latest "
+                   "readable time, the relation's upper minus one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lamina", description="Durable, compacting store "
                                      "for timestamped update streams.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"lamina {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the compacter daemon")
     serve.add_argument("--config", help="TOML settings file")
-    _data_dir_arg(serve, None)
+    _data_dir_arg(serve)
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--http", help="HOST:PORT for metrics and health "
                        "(default 127.0.0.1:9740)")
 
     ingest = sub.add_parser("ingest", help="run the ingestion service (sources into "
                             "relations, exactly once)")
-    ingest.add_argument("--config", required=True, help="TOML file with [[sources]]")
-    _data_dir_arg(ingest, None)
+    ingest.add_argument("--config", help="TOML file with [[sources]] (required)")
+    _data_dir_arg(ingest)
     ingest.add_argument("--http", help="HOST:PORT for metrics, health and /v1/sources "
                         "(default 127.0.0.1:9741)")
+    resync = ingest.add_subparsers(dest="ingest_command").add_parser(
+        "resync", help="read one table of a source afresh and write the difference")
+    resync.add_argument("--config", required=True, help="TOML file with [[sources]]")
+    resync.add_argument("source")
+    resync.add_argument("table", help="upstream table (public.orders) or its relation")
+    _data_dir_arg(resync)
+    resync.add_argument("--http", help="HOST:PORT of the running lamina ingest, if any")
 
     status = sub.add_parser("status", help="per-relation frontiers, backlog and trace size")
     _data_dir_arg(status)
     status.add_argument("--json", action="store_true", help="print a JSON array")
 
+    rels = sub.add_parser("relations", help="list the relations: name, key, columns, frontiers")
+    _data_dir_arg(rels)
+    rels.add_argument("--json", action="store_true", help="print a JSON array")
+
+    describe = sub.add_parser("describe", help="one relation: schema, key, frontiers, trace, "
+                              "backlog, quarantine")
+    describe.add_argument("relation")
+    _data_dir_arg(describe)
+    describe.add_argument("--json", action="store_true", help="print a JSON object")
+
+    drop = sub.add_parser("drop", help="drop a relation and all its data (needs --yes)")
+    drop.add_argument("relation")
+    _data_dir_arg(drop)
+    drop.add_argument("--yes", action="store_true",
+                      help="confirm: the relation's updates are gone for good")
+
     snap = sub.add_parser("snapshot", help="print a relation's contents at a time")
     snap.add_argument("relation")
-    snap.add_argument("--as-of", type=int, required=True, help="time to read at")
+    _as_of_arg(snap)
     _data_dir_arg(snap)
     snap.add_argument("--format", choices=("csv", "jsonl", "parquet", "arrow"), default="csv")
-    snap.add_argument("--output", help="file to write (default: standard output)")
+    snap.add_argument("--output", help="file to write, whole or not at all (default: "
+                      "standard output)")
 
     subs = sub.add_parser("subscribe", help="stream a relation's snapshot, then its changes "
                           "as the upper advances (until CLOSED, SIGINT or SIGTERM)")
     subs.add_argument("relation")
-    subs.add_argument("--as-of", type=int, required=True, help="time of the first snapshot "
-                      "(with --no-snapshot: the last progress received minus one)")
+    _as_of_arg(subs, "time of the first snapshot (with --no-snapshot: the last progress "
+               "received minus one)")
     subs.add_argument("--no-snapshot", action="store_true",
                       help="resume: skip the snapshot, deliver updates after --as-of")
     _data_dir_arg(subs)
@@ -68,17 +124,23 @@ def build_parser() -> argparse.ArgumentParser:
     look = sub.add_parser("lookup", help="the rows with the given keys at a time")
     look.add_argument("relation")
     look.add_argument("keys", nargs="+", metavar="KEY",
-                      help="key values; a multi-column key as comma-separated values")
-    look.add_argument("--as-of", type=int, required=True, help="time to read at")
+                      help="one key per argument: a one-column key's value as it is "
+                      "(commas included); a key of several columns as a JSON array in key "
+                      "order or a JSON object by column, e.g. '[7, \"a,b\"]'")
+    _as_of_arg(look)
     _data_dir_arg(look)
     look.add_argument("--format", choices=("csv", "jsonl", "parquet", "arrow"),
                       default="csv")
+    look.add_argument("--output", help="file to write, whole or not at all (default: "
+                      "standard output)")
 
     verify = sub.add_parser("verify", help="check every checksum and invariant")
     _data_dir_arg(verify)
 
     drill = sub.add_parser("drill", help="restart-recovery drill against an oracle")
-    _data_dir_arg(drill, None)
+    drill.add_argument("--data-dir", default=None, help="an empty scratch directory for the "
+                       f"drill (default: a temporary one; ${DATA_DIR_ENV} is not used: the "
+                       "drill never runs on a store's data directory)")
     drill.add_argument("--kills", type=int, default=20,
                        help="SIGKILLs to deliver, coordinator and daemon (default 20)")
     drill.add_argument("--seed", type=int, default=None,
@@ -89,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "daemon kill costs a Spark start-up)")
     drill.add_argument("--max-seconds", type=float, default=None,
                        help="stop killing in time to finish within about this long")
+    drill.add_argument("--relations", type=int, default=None,
+                       help="relations written in all, spread over the coordinators "
+                       "(default: one each); many relations make the daemon run packs")
     drill.add_argument("--coordinators", type=int, default=2,
                        help="coordinator workloads killed in parallel, one relation each "
                        "(default 2)")
@@ -105,43 +170,80 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; every failure ends as one line on standard error and an exit code
+    (the module docstring), never a traceback."""
+    code = _run(argv)
+    try:  # a reader that went away is noticed here, not in the interpreter's last flush
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _silence_stdout()
+        code = code or EXIT_BROKEN_PIPE
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    command = "lamina"
     try:
+        args = build_parser().parse_args(argv)
+        command = args.command
         failpoints.load_env()  # a malformed LAMINA_FAILPOINTS is a start-up error (exit 2)
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "ingest":
-            return _ingest(args)
-        if args.command == "status":
-            return _status(args)
-        if args.command == "snapshot":
-            return _snapshot(args)
-        if args.command == "subscribe":
-            return _subscribe(args)
-        if args.command == "lookup":
-            return _lookup(args)
-        if args.command == "verify":
-            return _verify(args)
-        if args.command == "drill":
-            from lamina.drill import run_drill_cli
-
-            code: int = run_drill_cli(args)
-            return code
+        return _COMMANDS[args.command](args)
     except ConfigError as exc:
-        print(f"lamina: {exc}", file=sys.stderr)
-        return 2
+        return _fail(exc, 2)
     except LaminaError as exc:
-        print(f"lamina: {exc}", file=sys.stderr)
-        return 1
-    return 2
+        return _fail(exc, 1)
+    except Interrupted as exc:  # SIGTERM while writing --output
+        return _fail(f"interrupted ({exc})", 128 + exc.signum)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except ModuleNotFoundError as exc:
+        module = (exc.name or "").partition(".")[0]
+        extra = _EXTRA_OF_MODULE.get(module) or _EXTRA_OF_COMMAND.get(command)
+        if extra is None or not module:
+            return _unexpected(command, exc)
+        return _fail(f"'lamina {command}' needs lamina's optional dependencies "
+                     f"'{extra}' ({module} is missing): pip install 'lamina[{extra}]'", 1)
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        return _fail(f"{exc.strerror or exc}{where}", 1)
+    except SystemExit as exc:  # argparse: usage errors (2), --help and --version (0)
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        return _fail(exc.code, 1)
+    except Exception as exc:
+        return _unexpected(command, exc)
 
 
-def _require_data_dir(path: str) -> Path:
-    root = Path(path)
-    if not (root / "wal").is_dir():
-        raise LaminaError(f"{root} is not a lamina data directory (no wal/ inside); pass "
-                          "--data-dir")
-    return root
+def _unexpected(command: str, exc: Exception) -> int:
+    """An exception lamina does not translate is a bug: one line naming it, or the whole
+    traceback with ``LAMINA_TRACEBACK=1``."""
+    if os.environ.get(TRACEBACK_ENV) == "1":
+        raise exc
+    return _fail(f"unexpected error in 'lamina {command}' (a bug; please report it, with "
+                 f"the traceback {TRACEBACK_ENV}=1 shows): {type(exc).__name__}: "
+                 f"{' '.join(str(exc).split())[:300]}", 1)
+
+
+def _fail(error: object, code: int) -> int:
+    """Print ``lamina: <error>`` as one line on standard error; return ``code``."""
+    text = " ".join(str(error).split())
+    with contextlib.suppress(OSError):  # stderr itself gone: the exit code is what is left
+        print(f"lamina: {text}", file=sys.stderr, flush=True)
+    return code
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush
+    does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -151,24 +253,23 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides={
         "data_dir": args.data_dir, "spark_master": args.spark_master, "http": args.http})
     configure_logging(settings.log_format, settings.log_level)
+    import uvloop
+
     from lamina.compacter.daemon import Daemon
 
-    try:
-        import uvloop
-
-        return int(uvloop.run(Daemon(settings).run()))
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        import asyncio
-
-        return asyncio.run(Daemon(settings).run())
+    return int(uvloop.run(Daemon(settings).run()))
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from lamina import failpoints
     from lamina.compacter.logs import configure_logging
     from lamina.ingest.settings import load_settings as load_ingest_settings
 
-    failpoints.load_env()
+    if args.ingest_command == "resync":
+        from lamina.ingest.resync_cli import run
+
+        return run(args)
+    if args.config is None:
+        raise ConfigError("lamina ingest needs --config FILE (a TOML file with [[sources]])")
     settings = load_ingest_settings(args.config, overrides={
         "data_dir": args.data_dir, "http": args.http})
     configure_logging(settings.log_format, settings.log_level)
@@ -179,166 +280,25 @@ def _ingest(args: argparse.Namespace) -> int:
     return int(uvloop.run(IngestService(settings).run()))
 
 
-def _status(args: argparse.Namespace) -> int:
-    from lamina.layout import Layout
-    from lamina.status import KEYS, store_status
+def _drill(args: argparse.Namespace) -> int:
+    from lamina.drill import run_drill_cli
 
-    rows = store_status(Layout(_require_data_dir(args.data_dir)))
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"lamina status: {args.data_dir}")
-    for k in KEYS:
-        table.add_column(k, overflow="fold")
-    for r in rows:
-        table.add_row(*(_cell(r[k]) for k in KEYS))
-    Console(width=200).print(table)
-    return 0
+    return run_drill_cli(args)
 
 
-def _cell(v: Any) -> str:
-    if isinstance(v, dict):
-        return " ".join(f"L{k}:{n}" for k, n in v.items()) or "-"
-    return "-" if v is None else fmt(v) if isinstance(v, int) else str(v)
-
-
-def _open_output(path: str | None) -> Any:
-    """The binary sink for ``--output`` (standard output when None); an unwritable path is
-    a one-line error."""
-    if path is None:
-        return sys.stdout.buffer
-    try:
-        return open(path, "wb")
-    except OSError as exc:
-        raise LaminaError(f"cannot write --output {path}: {exc.strerror or exc}; pass a path "
-                          "in an existing, writable directory") from None
-
-
-def _write_out(args: argparse.Namespace, reader: Any, schema: Any) -> int:
-    from lamina.cli.encode import BatchWriter
-
-    sink = _open_output(getattr(args, "output", None))
-    try:
-        writer = BatchWriter(sink, schema, args.format)
-        for batch in reader:
-            writer.write(batch)
-        writer.close()
-    except BrokenPipeError:  # the reader of standard output went away (| head)
-        _silence_stdout()
-        return 0
-    except OSError as exc:
-        raise LaminaError(f"cannot write the output: {exc.strerror or exc}") from None
-    finally:
-        if sink is not sys.stdout.buffer:
-            sink.close()
-    return 0
-
-
-def _silence_stdout() -> None:
-    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush
-    does not fail again."""
-    import os
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-
-
-def _snapshot(args: argparse.Namespace) -> int:
-    from lamina.store import Store
-
-    with Store.open(_require_data_dir(args.data_dir)) as store:
-        reader = store.relation(args.relation).snapshot_reader(args.as_of)
-        return _write_out(args, reader, reader.schema)
-
-
-def _lookup(args: argparse.Namespace) -> int:
-    import pyarrow as pa
-
-    from lamina.store import Store
-
-    with Store.open(_require_data_dir(args.data_dir)) as store:
-        rel = store.relation(args.relation)
-        key = list(rel.key)
-        if not key:
-            raise LaminaError(f"relation {args.relation!r} has no key columns; use "
-                              "'lamina snapshot'")
-        values: list[list[str]] = [[] for _ in key]
-        for text in args.keys:
-            fields = text.split(",") if len(key) > 1 else [text]
-            if len(fields) != len(key):
-                raise ConfigError(f"key {text!r} has {len(fields)} values; relation "
-                                  f"{args.relation!r} has key columns {key}: pass "
-                                  "comma-separated values in that order")
-            for i, v in enumerate(fields):
-                values[i].append(v)
-        try:
-            keys = pa.table({k: pa.array(v, pa.string()).cast(rel.schema.field(k).type)
-                             for k, v in zip(key, values, strict=True)})
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConfigError(f"keys {args.keys} do not parse as the key columns "
-                              f"{[str(rel.schema.field(k)) for k in key]}: {exc}") from None
-        table = rel.lookup(keys, args.as_of)
-    return _write_out(args, table.to_batches(), table.schema)
-
-
-def _subscribe(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
-    from lamina.cli.encode import BatchWriter
-    from lamina.store import Store
-    from lamina.subscribe import Progress
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    with Store.open(_require_data_dir(args.data_dir)) as store:
-        rel = store.relation(args.relation)
-        items = rel.subscribe(args.as_of, snapshot=not args.no_snapshot, stop=stop)
-        import pyarrow as pa
-
-        from lamina.schema import TIME
-
-        schema = pa.schema([pa.field(f.name, f.type) for f in rel.meta.update_schema
-                            if f.name != TIME]).insert(len(rel.schema),
-                                                       pa.field(TIME, pa.uint64()))
-        writer = BatchWriter(sys.stdout.buffer, schema, args.format)
-        try:
-            for item in items:
-                if isinstance(item, Progress):
-                    writer.progress(item.upper)
-                else:
-                    writer.write(pa.Table.from_arrays(item.columns, schema=schema))
-            writer.close()
-        except BrokenPipeError:
-            _silence_stdout()
-    return 0
-
-
-def _verify(args: argparse.Namespace) -> int:
-    from lamina.layout import Layout
-    from lamina.verify import verify_store
-
-    reports = verify_store(Layout(_require_data_dir(args.data_dir)))
-    bad = 0
-    for r in reports:
-        state = "OK" if r.ok else "PROBLEM"
-        print(f"{state:8} {r.name}: {r.segments} segments, {r.batches} batches, "
-              f"{r.files} files")
-        for p in r.problems:
-            print(f"  problem: {p}")
-        for n in r.notes:
-            print(f"  note: {n}")
-        bad += not r.ok
-    print(f"{len(reports)} relations checked, {bad} with problems")
-    return 1 if bad else 0
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": _serve,
+    "ingest": _ingest,
+    "drill": _drill,
+    "status": report.status,
+    "verify": report.verify,
+    "relations": relations.relations,
+    "describe": relations.describe,
+    "drop": relations.drop,
+    "snapshot": reading.snapshot,
+    "lookup": reading.lookup,
+    "subscribe": reading.subscribe,
+}
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -70,6 +70,18 @@ class _LaminaHandler(logging.StreamHandler[TextIO]):
     """Marks the root handler this module installed, so reconfiguring replaces it."""
 
 
+class _NoisyModules(logging.Filter):
+    """Holds records of the noisy packages below WARNING even when they log through the
+    root logger, as py4j does (``logging.info("Exception while sending command.",
+    exc_info=True)`` when the JVM is gone, e.g. after a stop signal to the process group):
+    a logger's level cannot catch those."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or record.name != "root":
+            return True
+        return not any(f"/{name}/" in record.pathname for name in NOISY_LOGGERS)
+
+
 def configure_logging(fmt: Literal["auto", "json", "console"], level: str, *,
                       stream: TextIO | None = None) -> None:
     """Route structlog and standard-library logging to ``stream`` (default: stderr).
@@ -116,6 +128,7 @@ def configure_logging(fmt: Literal["auto", "json", "console"], level: str, *,
     )
     handler = _LaminaHandler(out)
     handler.setFormatter(formatter)
+    handler.addFilter(_NoisyModules())
 
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _LaminaHandler)]:

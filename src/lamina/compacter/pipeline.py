@@ -1,14 +1,32 @@
-"""One relation's compaction pipeline: a serial loop of steps.
+"""One relation's compaction pipeline: a serial loop of steps, woken when there is work.
 
 Each pass (:meth:`RelationPipeline.step`):
 
 1. **Convert**: the finished WAL segments after the trace's ``converted_through`` have
    their frontiers read (frame headers only; the Spark tasks verify every checksum), grouped
-   into one job up to ``max_segments_per_job`` / ``max_bytes_per_job`` (Spark's fixed cost
-   per job is paid once for many small segments), converted by the executor, and
-   committed with one compare-and-append; then the segments are deleted.
+   into one step up to ``max_segments_per_job`` / ``max_bytes_per_job``, handed to the
+   executor (which may run it in a pack with other relations' steps,
+   :mod:`lamina.compacter.executors`), and committed with this relation's own
+   compare-and-append; then the segments are deleted.
 2. **Merge**: while two adjacent batches share a level, merge the oldest such pair.
-3. **Collect garbage** every ``gc_interval_seconds``.
+3. **Collect garbage** when it is due (below).
+
+Between passes the pipeline sleeps until its :attr:`~RelationPipeline.wake` event is set
+(the daemon's poll sets it when the relation's finished segments changed,
+:mod:`lamina.compacter.watch`), until garbage collection is due, or until the daemon
+stops; a pipeline run without a daemon polls its own watch every ``poll_interval``. An idle
+relation therefore costs no pass, no listing and no thread.
+
+Garbage collection is due after the trace changed (a step committed, or an attempt failed
+and may have left files), at most every ``gc_interval_seconds``; once more
+``max(gc_grace_seconds, keep_versions_seconds)`` after a collection that followed a change
+or deleted something, when what that collection had to keep for its age can go; and every
+``gc_interval_seconds`` while read leases hold versions (what they name can go once they
+end). After that, nothing is due until the trace changes again.
+
+Each step is submitted with the time the relation's work has waited (``waiting_since``:
+when the oldest segment it converts was finished; the merges a conversion makes due keep
+that time), which is the executor's order (:mod:`lamina.compacter.executors.schedule`).
 
 Failures: a failing job is retried with exponential backoff (counted in
 ``lamina_job_retries_total`` under the kind that failed: conversion, merge or gc); corrupt
@@ -20,18 +38,16 @@ the step planned again from the state on disk; a lost compare-and-set stops the 
 the relation is dropped. Every step is crash-safe by construction
 (lamina.trace.trace), so a kill anywhere is only a delay.
 
-Log events (logger ``lamina.compacter.pipeline``; keys as in :mod:`lamina.compacter.logs`):
-``relation.recovered``, ``conversion.started`` / ``.committed`` / ``.retrying`` /
-``.cancelled`` / ``.replanned`` (and the same for ``merge``; a merge's input level is
-``batch_level``, its output's ``batch_level_out``), ``gc.collected``, ``pipeline.retrying``
-(a pass failed outside a job), ``pipeline.state_conflict``, ``relation.dropped``,
-``relation.quarantined``.
+Log events: the registry :mod:`lamina.events` lists each one this module logs (logger
+``lamina.compacter.pipeline``) with its level and meaning; a merge's input level is
+``batch_level``, its output's ``batch_level_out``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,9 +56,11 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from lamina.compacter.executor import Executor
-from lamina.compacter.metrics import Metrics
+from lamina.compacter.executors import Executor
+from lamina.compacter.metrics import Metrics, RelationGauges
 from lamina.compacter.settings import Settings
+from lamina.compacter.watch import WalWatch
+from lamina.datadir import DataDir
 from lamina.errors import (
     CorruptionError,
     JobCancelledError,
@@ -53,11 +71,10 @@ from lamina.errors import (
 )
 from lamina.frontier import as_time
 from lamina.fs import FileSystem
-from lamina.layout import Layout
 from lamina.schema import RelationMeta
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
-from lamina.wal.reader import SegmentSpan, backlog, frontiers, segment_spans
+from lamina.wal.reader import SegmentSpan, segment_spans
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -72,7 +89,7 @@ class PipelineStopped(Exception):
 class RelationPipeline:
     name: str
     meta: RelationMeta
-    layout: Layout
+    layout: DataDir
     settings: Settings
     executor: Executor
     metrics: Metrics
@@ -80,15 +97,63 @@ class RelationPipeline:
     trace: Trace | None = None
     quarantined: str | None = None
     stopped: str | None = None
-    backlog_bytes: int = 0
+    polled: bool = False
+    """True when the daemon polls :attr:`watch` and sets :attr:`wake`; False: the pipeline
+    polls its own watch every ``poll_interval`` while idle."""
+    watch: WalWatch = field(init=False)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     _spans: dict[int, SegmentSpan] = field(default_factory=dict)
-    _last_gc: float = 0.0
+    _last_gc: float = -math.inf
+    _gc_due: float = -math.inf
+    """Monotonic time at which garbage collection is next due (inf: not until a change)."""
+    _changed_since_gc: bool = True
+    _work_since: float | None = None
+    """When the work the pipeline is doing began waiting (a conversion's oldest segment);
+    the merges that conversion makes due keep it."""
     _kind: JobKind = "conversion"
     """The kind of step the current pass is in (what a failed pass is counted as)."""
+
+    def __post_init__(self) -> None:
+        self.watch = WalWatch(self.wal_dir, self.name)
+        self._last_gc = time.monotonic()  # the first collection one interval after start
+        self._gc_due = self._last_gc + self.settings.gc_interval_seconds
 
     @property
     def wal_dir(self) -> Path:
         return self.layout.wal_dir(self.name)
+
+    # --- what the daemon reads (metrics, readiness, status) -----------------------------
+    @property
+    def backlog_bytes(self) -> int:
+        converted = self.trace.state.converted_through if self.trace is not None else 0
+        return self.watch.backlog(converted).bytes
+
+    def gauges(self, now: float) -> RelationGauges:
+        """The relation's gauges as the pipeline knows them (no I/O)."""
+        if self.trace is None:
+            return RelationGauges(self.name, quarantined=self.quarantined is not None)
+        st = self.trace.state
+        waiting = self.watch.backlog(st.converted_through)
+        return RelationGauges(
+            self.name, wal_pending_bytes=waiting.bytes, wal_pending_segments=waiting.segments,
+            conversion_lag_seconds=waiting.lag(now), trace_bytes=st.bytes, trace_rows=st.rows,
+            frontier_lag=max(0, as_time(self.watch.upper) - st.upper),
+            quarantined=self.quarantined is not None, batches_by_level=st.batches_by_level())
+
+    def status(self) -> dict[str, Any]:
+        """The relation's ``lamina status`` object (lamina.status.KEYS), from memory."""
+        converted = self.trace.state.converted_through if self.trace is not None else 0
+        waiting = self.watch.backlog(converted)
+        out: dict[str, Any] = {
+            "name": self.name, "sealed_upper": self.watch.upper, "since": self.watch.since,
+            "trace_upper": 0, "wal_segments_pending": waiting.segments,
+            "wal_bytes_pending": waiting.bytes, "batches_by_level": {}, "trace_bytes": 0,
+            "quarantined": self.quarantined is not None}
+        if self.trace is not None:
+            st = self.trace.state
+            out.update(trace_upper=st.upper, trace_bytes=st.bytes,
+                       batches_by_level={str(k): v for k, v in st.batches_by_level().items()})
+        return out
 
     # --- lifecycle ------------------------------------------------------------------------
     async def recover(self) -> None:
@@ -99,13 +164,13 @@ class RelationPipeline:
                 Trace.open, self.layout.trace_store(self.name, self.fs), self.meta, self.fs)
             deleted = await asyncio.to_thread(self.trace.delete_converted_segments,
                                               self.wal_dir)
+            await asyncio.to_thread(self.watch.poll)
         except CorruptionError as exc:
-            await self._quarantine(exc)
+            await self.quarantine(exc)
             return
         log.info("relation.recovered", relation=self.name, version=self.trace.state.version,
                  trace_upper=self.trace.state.upper, segments_deleted=deleted,
                  duration_seconds=round(time.monotonic() - started, 3))
-        await asyncio.to_thread(self.refresh_metrics)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Step until ``stop`` is set or the pipeline ends. An unexpected error (a disk
@@ -115,6 +180,7 @@ class RelationPipeline:
             await self.recover()
         delay = self.settings.retry_initial_seconds
         while not stop.is_set() and self.quarantined is None and self.stopped is None:
+            self.wake.clear()  # a change noticed from here on wakes the next idle wait
             try:
                 worked = await self.step(stop)
                 delay = self.settings.retry_initial_seconds
@@ -124,15 +190,36 @@ class RelationPipeline:
                 log.exception("pipeline.retrying", relation=self.name, kind=self._kind,
                               error=str(exc), retry_in_seconds=delay)
                 self.metrics.job_retries.labels(kind=self._kind).inc()
+                self._trace_changed()
                 await self._reload_trace()
-                worked = False
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
                 delay = min(delay * 2, self.settings.retry_max_seconds)
                 continue
             if not worked:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.poll_interval)
+                await self._idle(stop)
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """Wait for work: a wake-up, garbage collection coming due, or the stop."""
+        while not stop.is_set() and not self.wake.is_set():
+            left = self._gc_due - time.monotonic()
+            if left <= 0:
+                return
+            if not self.polled:
+                left = min(left, self.settings.poll_interval)
+            waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())}
+            try:
+                await asyncio.wait(waiters, timeout=None if math.isinf(left) else left,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            if not self.polled and not stop.is_set():
+                try:
+                    if await asyncio.to_thread(self.watch.poll):
+                        return
+                except FileNotFoundError:
+                    return  # dropped: the next pass finds out
 
     async def _reload_trace(self) -> None:
         """After a failed pass, start again from the state on disk, not the one in memory."""
@@ -140,7 +227,7 @@ class RelationPipeline:
             self.trace = await asyncio.to_thread(
                 Trace.open, self.layout.trace_store(self.name, self.fs), self.meta, self.fs)
         except CorruptionError as exc:
-            await self._quarantine(exc)
+            await self.quarantine(exc)
         except Exception:  # retried on the next pass
             log.exception("trace.reload_failed", relation=self.name)
 
@@ -155,11 +242,13 @@ class RelationPipeline:
                 self._kind = "merge"
                 await self._merge(plan, stop)
                 worked = True
-            if time.monotonic() - self._last_gc >= self.settings.gc_interval_seconds:
+            if not worked:
+                self._work_since = None
+            if time.monotonic() >= self._gc_due:
                 self._kind = "gc"
                 await self._collect_garbage()
         except CorruptionError as exc:
-            await self._quarantine(exc)
+            await self.quarantine(exc)
             raise PipelineStopped from exc
         except StalePlanError as exc:  # before StateConflictError: its subclass
             self.metrics.job_retries.labels(kind=self._kind).inc()
@@ -176,7 +265,6 @@ class RelationPipeline:
             if self._dropped():
                 raise PipelineStopped from exc
             raise
-        await asyncio.to_thread(self.refresh_metrics)
         return worked
 
     def _dropped(self) -> bool:
@@ -203,6 +291,16 @@ class RelationPipeline:
         self._spans = {s.seq: s for s in spans}
         return spans
 
+    def _finished_at(self, seq: int) -> float:
+        """When segment ``seq`` was finished, as the watch last saw it (now if unknown)."""
+        return next((f.finished_at for f in self.watch.finished if f.seq == seq), time.time())
+
+    def _trace_changed(self) -> None:
+        """The trace changed (or an attempt may have left files): collect garbage at the
+        next pass, at most every ``gc_interval_seconds``."""
+        self._changed_since_gc = True
+        self._gc_due = min(self._gc_due, self._last_gc + self.settings.gc_interval_seconds)
+
     async def _convert(self, stop: asyncio.Event) -> bool:
         assert self.trace is not None
         spans = await asyncio.to_thread(self._ready_spans)
@@ -213,16 +311,19 @@ class RelationPipeline:
         bound = log.bind(relation=self.name, segments=f"{first.seq}..{last.seq}",
                          lower=first.lower, upper=last.upper)
         started = time.monotonic()
+        since = self._finished_at(first.seq)
+        self._work_since = since
         bound.info("conversion.started", wal_bytes=sum(s.bytes for s in spans))
 
         async def attempt() -> Any:
             plan = plan_conversion(trace.state, spans)
-            result = await self.executor.convert(self.name, trace, plan)
+            result = await self.executor.convert(self.name, trace, plan, waiting_since=since)
             state = await asyncio.to_thread(trace.commit_conversion, plan, result.parts,
                                             result.pending)
             return plan, result, state
 
         plan, result, state = await self._retrying("conversion", attempt, stop, bound)
+        self._trace_changed()
         deleted = await asyncio.to_thread(trace.delete_converted_segments, self.wal_dir)
         parts, pending = result.parts, result.pending
         rows_out = sum(p.rows for p in parts) + sum(p.part.rows for p in pending)
@@ -242,16 +343,19 @@ class RelationPipeline:
         bound = log.bind(relation=self.name, left=plan.left.id, right=plan.right.id,
                          batch_level=plan.left.level)
         started = time.monotonic()
+        since = self._work_since if self._work_since is not None else time.time()
+        self._work_since = since
         bound.info("merge.started", rows_in=plan.left.rows + plan.right.rows)
 
         async def attempt() -> Any:
             fresh = plan_merge(trace.state)
             assert fresh is not None
-            parts = await self.executor.merge(self.name, trace, fresh)
+            parts = await self.executor.merge(self.name, trace, fresh, waiting_since=since)
             state = await asyncio.to_thread(trace.commit_merge, fresh, parts)
             return fresh, parts, state
 
         done, parts, state = await self._retrying("merge", attempt, stop, bound)
+        self._trace_changed()
         rows_in = done.left.rows + done.right.rows
         self._observe("merge", started, rows_in=rows_in, rows_out=sum(p.rows for p in parts),
                       bytes_in=done.left.bytes + done.right.bytes,
@@ -264,24 +368,34 @@ class RelationPipeline:
     async def _collect_garbage(self) -> None:
         assert self.trace is not None
         started = time.monotonic()
+        s = self.settings
         try:
             report = await asyncio.to_thread(self.trace.collect_garbage,
-                                             keep_versions=self.settings.keep_versions,
-                                             grace_seconds=self.settings.gc_grace_seconds,
-                                             keep_versions_seconds=(
-                                                 self.settings.keep_versions_seconds))
+                                             keep_versions=s.keep_versions,
+                                             grace_seconds=s.gc_grace_seconds,
+                                             keep_versions_seconds=s.keep_versions_seconds)
         except Exception:
             self.metrics.jobs.labels(kind="gc", outcome="failure").inc()
             raise
-        self._last_gc = time.monotonic()
+        now = time.monotonic()
+        self._last_gc = now
+        if report.versions_leased:  # what the leases hold can go once they end
+            self._gc_due = now + s.gc_interval_seconds
+        elif self._changed_since_gc or report.files_deleted or report.versions_deleted:
+            # what this pass kept for its age can go by then
+            self._gc_due = now + max(s.gc_grace_seconds, s.keep_versions_seconds,
+                                     s.gc_interval_seconds)
+        else:
+            self._gc_due = math.inf
+        self._changed_since_gc = False
         self.metrics.jobs.labels(kind="gc", outcome="success").inc()
-        self.metrics.job_seconds.labels(kind="gc").observe(time.monotonic() - started)
+        self.metrics.job_seconds.labels(kind="gc").observe(now - started)
         self.metrics.gc_files.inc(report.files_deleted)
         self.metrics.gc_bytes.inc(report.bytes_deleted)
         if report.files_deleted or report.versions_deleted:
             log.info("gc.collected", relation=self.name, files=report.files_deleted,
                      bytes=report.bytes_deleted, versions=report.versions_deleted,
-                     duration_seconds=round(time.monotonic() - started, 3))
+                     duration_seconds=round(now - started, 3))
 
     async def _retrying(self, kind: JobKind, attempt: Callable[[], Awaitable[T]],
                         stop: asyncio.Event, bound: Any) -> T:
@@ -292,6 +406,7 @@ class RelationPipeline:
             try:
                 return await attempt()
             except JobError as exc:
+                self._trace_changed()  # a failed attempt may have left files
                 cancelled = isinstance(exc, JobCancelledError)
                 outcome = "cancelled" if cancelled else "failure"
                 self.metrics.jobs.labels(kind=kind, outcome=outcome).inc()
@@ -308,8 +423,10 @@ class RelationPipeline:
                 except TimeoutError:
                     pass
                 delay = min(delay * 2, self.settings.retry_max_seconds)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # shutdown's grace period ended: nothing committed
                 self.metrics.jobs.labels(kind=kind, outcome="cancelled").inc()
+                bound.warning(f"{kind}.cancelled", attempt=tries,
+                              error="the daemon is stopping and its grace period ended")
                 raise
 
     def _observe(self, kind: str, started: float, *, rows_in: int, rows_out: int,
@@ -322,29 +439,11 @@ class RelationPipeline:
         m.bytes_in.labels(kind=kind).inc(bytes_in)
         m.bytes_out.labels(kind=kind).inc(bytes_out)
 
-    async def _quarantine(self, exc: LaminaError) -> None:
-        self.quarantined = str(exc)
-        await asyncio.to_thread(self.layout.quarantine, self.name, str(exc), self.fs)
-        self.metrics.quarantined.labels(relation=self.name).set(1)
-        log.error("relation.quarantined", relation=self.name, error=str(exc))
-
-    # --- metrics --------------------------------------------------------------------------
-    def refresh_metrics(self) -> None:
-        """Recompute the relation's gauges from disk and the trace state."""
-        m = self.metrics
-        m.quarantined.labels(relation=self.name).set(1 if self.quarantined else 0)
-        if self.trace is None:
-            return
-        st = self.trace.state
-        pending_segments, pending_bytes = backlog(self.wal_dir, st.converted_through)
-        self.backlog_bytes = pending_bytes
-        m.wal_pending_bytes.labels(relation=self.name).set(pending_bytes)
-        m.wal_pending_segments.labels(relation=self.name).set(pending_segments)
-        m.trace_bytes.labels(relation=self.name).set(st.bytes)
-        m.trace_rows.labels(relation=self.name).set(st.rows)
-        m.set_levels(self.name, st.batches_by_level())
+    async def quarantine(self, exc: LaminaError) -> None:
+        """Mark the relation quarantined: the marker first, so that the daemon's poll never
+        sees a quarantined pipeline without one (which reads as the operator lifting it)."""
         try:
-            upper, _ = frontiers(self.wal_dir, self.name)
-        except (FileNotFoundError, CorruptionError):
-            return
-        m.frontier_lag.labels(relation=self.name).set(max(0, as_time(upper) - st.upper))
+            await asyncio.to_thread(self.layout.quarantine, self.name, str(exc), self.fs)
+        finally:
+            self.quarantined = str(exc)
+            log.error("relation.quarantined", relation=self.name, error=str(exc))

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from lamina.compacter.executors.schedule import DEFAULT_PACK_BYTES, DEFAULT_PACK_STEPS
 from lamina.service.settings import ENV_PREFIX, S3Section, ServiceSettings, load_toml_settings
 
 __all__ = ["ENV_PREFIX", "Settings", "jvm_size_mib", "load_settings"]
@@ -55,13 +56,21 @@ class Settings(ServiceSettings):
         "local and the trace is not file://)")
     executor: Literal["spark", "inprocess"] = Field(
         "spark", description="what runs the jobs: Spark, or the pyarrow reference in the "
-        "daemon's process (lamina.compacter.inprocess; no JVM, for small relations)")
+        "daemon's process (lamina.compacter.executors.inprocess; no JVM, for small relations)")
     spark_master: str = "local[*]"
     spark_driver_memory: str = "1g"
     spark_conf: dict[str, str] = Field(default_factory=dict)
     http: str = "127.0.0.1:9740"
     poll_interval: float = Field(1.0, gt=0, description="seconds between WAL directory scans")
-    max_concurrent_jobs: int = Field(2, ge=1)
+    max_concurrent_jobs: int = Field(2, ge=1, description="Spark jobs (packs or large steps) "
+                                     "running at once; all but one may be large steps")
+    pack_max_steps: int = Field(DEFAULT_PACK_STEPS, ge=1, description="most small steps "
+                                "(of as many relations) in one Spark job, one task each")
+    pack_max_bytes: int = Field(DEFAULT_PACK_BYTES, ge=1, description="most input bytes of "
+                                "the small steps in one Spark job")
+    relation_metrics: bool = Field(True, description="export the per-relation gauges with a "
+                                   "relation label (7 + levels series per relation); false: "
+                                   "each once, summed or maximal over relations")
     max_segments_per_job: int = Field(64, ge=1)
     max_bytes_per_job: int = Field(1 << 30, ge=1, description="WAL bytes per conversion")
     retry_initial_seconds: float = Field(1.0, gt=0)
@@ -70,10 +79,11 @@ class Settings(ServiceSettings):
     gc_interval_seconds: float = Field(30.0, gt=0)
     gc_grace_seconds: float = Field(600.0, ge=0)
     keep_versions: int = Field(8, ge=1, description="trace state versions GC always keeps, "
-                               "with the files they name")
+                               "with the files they name: how far back time travel goes (a "
+                               "running read is kept by its lease, whatever this says)")
     keep_versions_seconds: float = Field(
         0.0, ge=0, description="a superseded trace state version is also kept until it has "
-        "been superseded this long, so a read that loaded it can finish (0: by count only)")
+        "been superseded this long: time travel by age (0: by count only)")
     ready_backlog_bytes: int = Field(4 << 30, ge=0, description="WAL backlog above which "
                                      "/readyz fails")
     log_format: Literal["auto", "json", "console"] = "auto"

@@ -35,7 +35,7 @@ Tagged actions (:class:`JobTags`)
     before each action, and by :meth:`JobTags.run` itself when the step returns; either way
     the step ends with :class:`JobCancelledError` and nothing is committed.
     :func:`run_in_group` and :func:`cancel_group` are the same through one process-wide
-    :class:`JobTags` per session (what ``lamina.compacter.executor`` calls).
+    :class:`JobTags` per session (what ``lamina.compacter.executors.spark`` calls).
 """
 
 from __future__ import annotations

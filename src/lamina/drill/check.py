@@ -114,8 +114,9 @@ def check_live(data_dir: Path, oracle: Oracle, ack: Path, rng: random.Random, *,
 def check(data_dir: Path, oracle: Oracle, stats: CheckStats | None = None, *,
           relation: str = RELATION) -> list[str]:
     """The final checks (the module docstring); every process must be stopped."""
+    from lamina.datadir import DataDir
     from lamina.fs import TMP_SUFFIX
-    from lamina.layout import Layout, TraceLayout
+    from lamina.layout import TraceLayout
     from lamina.objstore.local import LocalObjectStore
     from lamina.trace.trace import Trace
     from lamina.verify import verify_relation
@@ -140,14 +141,15 @@ def check(data_dir: Path, oracle: Oracle, stats: CheckStats | None = None, *,
                 problems += diff
                 break
         meta = rel.meta
-    layout = Layout(data_dir)
+    layout = DataDir(data_dir)
     r = verify_relation(layout, relation)
     problems.extend(f"verify: {r.name}: {p}" for p in r.problems)
     stats.notes.extend(f"verify: {r.name}: {n}" for n in r.notes)
     traces = layout.trace_store(relation)
     trace = Trace.open(traces, meta)
     trace.collect_garbage(keep_versions=1, grace_seconds=0)
-    named = trace.state.files()
+    # what GC kept: the newest version, and any a reader's lease still held
+    named = set().union(*(trace.states.load(v).files() for v in trace.states.versions()))
     for obj in traces.list(""):
         if obj.key.split("/")[0] in TraceLayout.DATA_DIRS and obj.key not in named:
             problems.append(f"orphan file after garbage collection: {traces.location(obj.key)}")

@@ -2,8 +2,9 @@
 
 Loops run at once against one data directory (see docs/reliability.md):
 
-- **coordinator loops** (``--coordinators``, default 2, one relation each) start the drill
-  workload (lamina.drill.workload) and end each life with a SIGKILL at a random moment
+- **coordinator loops** (``--coordinators``, default 2; ``--relations`` in all, spread over
+  them, default one each) start the drill workload (lamina.drill.workload: one process
+  writing its loop's relations) and end each life with a SIGKILL at a random moment
   (mostly while it appends, seals and advances since; a few while it starts and recovers
   its WAL), or let it kill itself at a WAL fail point (half a record written, a record
   written but not synced, just before or after the rename that finishes a segment); then
@@ -12,8 +13,10 @@ Loops run at once against one data directory (see docs/reliability.md):
   merging and collecting garbage;
 - the **daemon loop** starts ``lamina serve`` (Spark ``local[2]``) and ends each life with
   a SIGKILL at a random moment (before or after it is ready) or at a named fail point of a
-  step: a conversion's batch written, a merge's batch written, a state version published,
-  converted segments half deleted, before or after a garbage-collection delete.
+  step: a pack's Spark job returned with none of its relations committed, a conversion's
+  batch written, a merge's batch written, a state version published, converted segments
+  half deleted, before or after a garbage-collection delete. With many relations the
+  daemon runs packs of many relations' steps, so most kills land amid a pack's commits.
 
 Spark's start-up (10-15 s on an idle 2-core machine, twice that under load; measured per
 life in the report) and the first Spark job of each life bound how many daemon lives fit,
@@ -40,7 +43,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -52,7 +54,8 @@ from typing import IO, Any
 from lamina.drill.check import CheckStats, check, check_live
 from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
-from lamina.drill.workload import RELATION
+from lamina.drill.workdirs import drill_dirs
+from lamina.drill.workload import RELATION, relation_names
 from lamina.store import Store
 
 #: coordinator fail points: phase, and the range of N for ``kill@N``
@@ -64,6 +67,7 @@ COORDINATOR_POINTS: dict[str, tuple[str, int, int]] = {
 }
 #: daemon fail points: phase, and the range of N for ``kill@N``
 DAEMON_POINTS: dict[str, tuple[str, int, int]] = {
+    "compacter.pack_collected": ("daemon/pack", 1, 3),
     "trace.after_batch_written": ("daemon/conversion", 1, 2),
     "trace.mid_segment_delete": ("daemon/conversion", 1, 2),
     "trace.mid_merge": ("daemon/merge", 1, 2),
@@ -74,8 +78,8 @@ DAEMON_POINTS: dict[str, tuple[str, int, int]] = {
 RANDOM = "random"
 #: every phase a full drill covers
 PHASES = ("coordinator/random", "coordinator/wal-record", "coordinator/segment-rotation",
-          "daemon/random", "daemon/conversion", "daemon/merge", "daemon/state-publication",
-          "daemon/gc")
+          "daemon/random", "daemon/pack", "daemon/conversion", "daemon/merge",
+          "daemon/state-publication", "daemon/gc")
 DAEMON_ENV = {"LAMINA_GC_GRACE_SECONDS": "0.5", "LAMINA_GC_INTERVAL_SECONDS": "1",
               "LAMINA_KEEP_VERSIONS": "3", "LAMINA_POLL_INTERVAL": "0.2"}
 WORKLOAD_PAUSE = 0.003
@@ -106,6 +110,7 @@ class DrillReport:
     max_seconds: float | None
     coordinators: int = 1
     trace_url: str | None = None
+    relations: int = 1
     kills: Counter[str] = field(default_factory=Counter)
     random_kill_context: Counter[str] = field(default_factory=Counter)
     points_missed: Counter[str] = field(default_factory=Counter)
@@ -155,6 +160,7 @@ class DrillReport:
             "daemon_share": self.daemon_share,
             "max_seconds": self.max_seconds,
             "coordinators": self.coordinators,
+            "relations": self.relations,
             "stopped_by_time_bound": self.stopped_by_time_bound,
             "coordinator_kills_done_at": self.coordinator_kills_done_at,
             "daemon_kills_done_at": self.daemon_kills_done_at,
@@ -185,24 +191,42 @@ class _Stop(Exception):
 
 @dataclass
 class _Coordinator:
-    """One coordinator loop: its relation, ack log, oracle and random stream."""
+    """One coordinator loop: its relations (``base``, or ``base.0`` ... with several), ack
+    log, an oracle per relation, and random stream."""
 
     index: int
-    relation: str
+    base: str
+    count: int
     ack: Path
     log: Path
     rng: random.Random
-    oracle: Oracle = field(default_factory=Oracle)
+    oracles: dict[str, Oracle] = field(default_factory=dict)
     next_check: float = 0.0
     lives: int = 0
+
+    def __post_init__(self) -> None:
+        self.oracles = {n: Oracle(relation=n if self.count > 1 else None)
+                        for n in relation_names(self.base, self.count)}
+
+    def feed(self) -> None:
+        for o in self.oracles.values():
+            o.feed(self.ack)
+
+    @property
+    def next_op(self) -> int:
+        return max(o.max_op for o in self.oracles.values()) + 1
 
 
 class Drill:
     def __init__(self, data_dir: Path, work_dir: Path, *, kills: int, seed: int,
                  daemon_share: float = 0.1, max_seconds: float | None = None,
-                 coordinators: int = 2, master: str = "local[2]",
+                 coordinators: int = 2, relations: int | None = None,
+                 master: str = "local[2]",
                  progress: Callable[[DrillReport], None] | None = None,
                  trace_url: str | None = None) -> None:
+        """``relations``: how many relations the coordinators write in all (default: one
+        each), spread evenly over them; with more than one each, a coordinator writes
+        ``<base>.0`` ... in one process."""
         self.data_dir = data_dir
         self.trace_url = trace_url
         self.work = work_dir
@@ -213,9 +237,12 @@ class Drill:
         self.progress = progress
         self.report = DrillReport(seed=seed, data_dir=str(data_dir), kills_requested=kills,
                                   daemon_share=daemon_share, max_seconds=max_seconds,
-                                  coordinators=coordinators, trace_url=trace_url)
+                                  coordinators=coordinators, trace_url=trace_url,
+                                  relations=relations or coordinators)
+        total = relations or coordinators
         self.coordinators = [
             _Coordinator(i, RELATION if i == 0 else f"{RELATION}-{i}",
+                         total // coordinators + (i < total % coordinators),
                          work_dir / f"ack-{i}.jsonl", work_dir / f"coordinator-{i}.log",
                          random.Random(f"{seed}/coordinator/{i}"))
             for i in range(coordinators)]
@@ -300,15 +327,15 @@ class Drill:
             env["LAMINA_FAILPOINTS"] = f"{point}=kill@{rng.randint(lo, hi)}"
         mode = point or ("random" if killing else "clean")
         label = f"coordinator {c.index} life {c.lives} ({mode})"
-        log.write(f"=== {label} {env} first op {c.oracle.max_op + 1} at "
+        log.write(f"=== {label} {env} first op {c.next_op} at "
                   f"{self._elapsed():.1f} s ===\n".encode())
         log.flush()
         started = time.monotonic()
         proc = start_workload(
             self.data_dir, c.ack, seed=self.report.seed * 100_000 + c.lives,
             ops=100_000 if killing else rng.randint(40, 120), pause=WORKLOAD_PAUSE,
-            segment_bytes=SEGMENT_BYTES, env=env, first_op=c.oracle.max_op + 1,
-            stdout=subprocess.PIPE, stderr=log, relation=c.relation)
+            segment_bytes=SEGMENT_BYTES, env=env, first_op=c.next_op,
+            stdout=subprocess.PIPE, stderr=log, relation=c.base, relations=c.count)
         with self._mu:
             self.report.coordinator_lives += 1
         try:
@@ -378,12 +405,12 @@ class Drill:
         take at most about a sixth of the coordinator loop's time)."""
         now = time.monotonic()
         if now < c.next_check:
-            c.oracle.feed(c.ack)
+            c.feed()
             return
-        problems = check_live(self.data_dir, c.oracle, c.ack, c.rng, stats=self.stats,
-                              relation=c.relation)
-        for p in problems:
-            self._violation(f"live check of {c.relation}: {p}")
+        for name, oracle in c.oracles.items():
+            for p in check_live(self.data_dir, oracle, c.ack, c.rng, stats=self.stats,
+                                relation=name):
+                self._violation(f"live check of {name}: {p}")
         took = time.monotonic() - now
         c.next_check = time.monotonic() + 5 * took
 
@@ -543,8 +570,7 @@ class Drill:
         finally:
             if self.final_daemon is not None:
                 self.final_daemon.__exit__(None, None, None)
-        for c in self.coordinators:
-            o = c.oracle
+        for o in (o for c in self.coordinators for o in c.oracles.values()):
             self.report.acknowledged_ops += o.ops - o.resolved_applied
             self.report.in_doubt_applied += o.resolved_applied
             self.report.in_doubt_not_applied += o.resolved_not_applied
@@ -559,28 +585,27 @@ class Drill:
         (it may be what failed); the checks still run on what is on disk."""
         finals = []
         for c in self.coordinators:
-            c.oracle.feed(c.ack)
+            c.feed()
             with c.log.open("ab") as log:
                 log.write(b"=== final run ===\n")
                 log.flush()
                 finals.append(start_workload(
                     self.data_dir, c.ack, seed=self.report.seed, ops=40,
                     pause=WORKLOAD_PAUSE, segment_bytes=SEGMENT_BYTES,
-                    first_op=c.oracle.max_op + 1, final=True, stdout=subprocess.DEVNULL,
-                    stderr=log, relation=c.relation))
+                    first_op=c.next_op, final=True, stdout=subprocess.DEVNULL,
+                    stderr=log, relation=c.base, relations=c.count))
         for c, proc in zip(self.coordinators, finals, strict=True):
             code = proc.wait(300)
             if code != 0:
                 self.report.violations.append(f"the final run of coordinator {c.index} "
                                               f"exited with {code}; see {c.log}")
                 return
-            c.oracle.feed(c.ack)
+            c.feed()
         if not self.report.violations:
             self._final_daemon()
-        for c in self.coordinators:
+        for name, oracle in ((n, o) for c in self.coordinators for n, o in c.oracles.items()):
             self.report.violations.extend(
-                f"{c.relation}: {p}"
-                for p in check(self.data_dir, c.oracle, self.stats, relation=c.relation))
+                f"{name}: {p}" for p in check(self.data_dir, oracle, self.stats, relation=name))
 
     def _final_daemon(self) -> None:
         offset = self._final_log_offset
@@ -595,7 +620,8 @@ class Drill:
             self._wait_ready(daemon, "final")
         try:
             for c in self.coordinators:
-                daemon.wait_caught_up(c.relation, c.oracle.upper, timeout=900)
+                for name, oracle in c.oracles.items():
+                    daemon.wait_caught_up(name, oracle.upper, timeout=900)
         except AssertionError as exc:
             self.report.violations.append(f"the daemon did not catch up: {str(exc)[:2000]}")
             return
@@ -643,46 +669,17 @@ def _last_event(section: str) -> str:
 
 # --- command line -------------------------------------------------------------------------
 
-def drill_dirs(data_dir_arg: str | None, prefix: str) -> tuple[Path, Path, Path | None] | None:
-    """``(data dir, work dir, scratch)`` of a drill: a temporary data directory when none is
-    given (``scratch``, removed after a clean run), else one that must be empty; the work
-    directory beside it (``<data>.drill``) must be empty too. None after printing why not."""
-    scratch: Path | None = None
-    if data_dir_arg is None:
-        scratch = Path(tempfile.mkdtemp(prefix=prefix))
-        data_dir = scratch / "data"
-    else:
-        data_dir = Path(data_dir_arg)
-        if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
-            print(f"lamina drill: {data_dir} is not an empty directory; the drill "
-                  "writes and kills freely, so it needs a scratch directory (omit "
-                  "--data-dir for a temporary one)", file=sys.stderr)
-            return None
-    work = data_dir.parent / f"{data_dir.name}.drill"
-    if work.exists() and any(work.iterdir()):
-        print(f"lamina drill: {work} (the drill's work directory) is not empty; "
-              "remove it or choose another --data-dir", file=sys.stderr)
-        return None
-    work.mkdir(parents=True, exist_ok=True)
-    return data_dir, work, scratch
-
-
 def run_drill_cli(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    """``lamina drill`` (without ``--ingest``); the arguments are checked here."""
     kills: int = args.kills
-    if getattr(args, "ingest", None) is not None:  # lamina drill --ingest files
-        if kills < 0:
-            print("lamina drill: --kills must be >= 0", file=sys.stderr)
-            return 2
-        from lamina.drill.ingest import run_ingest_drill_cli
-
-        return run_ingest_drill_cli(args)
     share: float = getattr(args, "daemon_share", 0.1)
     max_seconds: float | None = getattr(args, "max_seconds", None)
     coordinators: int = getattr(args, "coordinators", 2)
+    relations: int | None = getattr(args, "relations", None)
     err = Console(stderr=True)
     if kills < 0:
         print("lamina drill: --kills must be >= 0", file=sys.stderr)
@@ -692,6 +689,10 @@ def run_drill_cli(args: argparse.Namespace) -> int:
         return 2
     if not 1 <= coordinators <= 8:
         print("lamina drill: --coordinators must be between 1 and 8", file=sys.stderr)
+        return 2
+    if relations is not None and not coordinators <= relations <= 1000:
+        print(f"lamina drill: --relations must be between --coordinators ({coordinators}) "
+              "and 1000", file=sys.stderr)
         return 2
     if max_seconds is not None and max_seconds <= 0:
         print("lamina drill: --max-seconds must be > 0", file=sys.stderr)
@@ -713,7 +714,8 @@ def run_drill_cli(args: argparse.Namespace) -> int:
                        f"(lives {r.daemon_lives})")
 
         drill = Drill(data_dir, work, kills=kills, seed=seed, daemon_share=share,
-                      max_seconds=max_seconds, coordinators=coordinators, progress=progress,
+                      max_seconds=max_seconds, coordinators=coordinators,
+                      relations=relations, progress=progress,
                       trace_url=getattr(args, "trace_url", None))
         report = drill.run()
     _print_summary(Console(), Table, report)

@@ -366,7 +366,7 @@ def run_ingest_drill_cli(args: argparse.Namespace) -> int:
     """``lamina drill --ingest files`` (the arguments were checked by the caller)."""
     import shutil
 
-    from lamina.drill.driver import drill_dirs
+    from lamina.drill.workdirs import drill_dirs
 
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     dirs = drill_dirs(args.data_dir, "lamina-drill-ingest-")

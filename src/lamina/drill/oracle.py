@@ -5,6 +5,10 @@ The workload records every operation in an *ack log* (JSON lines, fsynced)::
     {"op": 7, "intent": "append", "rows": [[id, val, time, diff], ...]}   before the call
     {"op": 7, "ack": true}                                                after it returned
 
+A workload that writes several relations names each intent's relation (``"rel"``); an
+oracle is kept per relation (``Oracle(relation=...)``) and reads only its own intents (the
+acks pair with them by operation number, which counts across relations).
+
 An operation with an intent but no ack was cut short by a kill: it may or may not have
 reached the log. Each append's first row is a marker (``id = -op``, ``val = "marker"``) at
 the append's lowest time, so the data itself tells which: :meth:`Oracle.resolve` settles
@@ -31,8 +35,10 @@ MARKER = "marker"
 
 @dataclass
 class Oracle:
-    """Every update the store must hold, and the frontiers it must report."""
+    """Every update the store must hold, and the frontiers it must report. ``relation``:
+    read only the intents naming it (an intent naming none is every oracle's)."""
 
+    relation: str | None = None
     upper: int = 0
     since: int = 0
     ops: int = 0
@@ -46,8 +52,8 @@ class Oracle:
     _offset: int = 0
 
     @classmethod
-    def load(cls, path: Path) -> Oracle:
-        oracle = cls()
+    def load(cls, path: Path, relation: str | None = None) -> Oracle:
+        oracle = cls(relation=relation)
         oracle.feed(path)
         return oracle
 
@@ -71,7 +77,8 @@ class Oracle:
                 continue  # a line torn by a kill: its op never started, or stays in doubt
             self.max_op = max(self.max_op, op)
             if "intent" in rec:
-                intents[op] = rec
+                if self.relation is None or rec.get("rel", self.relation) == self.relation:
+                    intents[op] = rec
             elif rec.get("ack") and op in intents:
                 self.apply(op, intents.pop(op))
         self.in_doubt.update(intents)

@@ -27,10 +27,13 @@ def free_port() -> int:
 
 
 class DaemonProcess:
-    """A compacter subprocess with fast polling, its logs captured to a file."""
+    """A compacter subprocess with fast polling, its logs captured to a file. With
+    ``new_session`` it leads a process group of its own (as under a supervisor), which
+    :meth:`signal_group` signals whole: the daemon, its Spark JVM and Python workers."""
 
     def __init__(self, data_dir: Path, log_path: Path, *, master: str = "local[2]",
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None,
+                 new_session: bool = False) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.log_path = log_path
@@ -46,7 +49,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [LAMINA, "serve", "--data-dir", str(data_dir), "--spark-master", master,
              "--http", f"127.0.0.1:{self.port}"],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env)
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
@@ -95,6 +98,11 @@ class DaemonProcess:
         raise AssertionError(f"daemon did not catch up: {rows}\n"
                              + self.log_path.read_text()[-3000:])
 
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Signal the whole process group (``new_session`` only): what ``timeout``,
+        supervisord's ``stopasgroup`` and systemd's ``KillMode=control-group`` do."""
+        os.killpg(self.proc.pid, sig)
+
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 
@@ -119,7 +127,7 @@ def start_workload(data_dir: Path, ack: Path, *, seed: int, ops: int, pause: flo
                    segment_bytes: int = 4096, env: Mapping[str, str] | None = None,
                    quiet: bool = False, first_op: int | None = None, final: bool = False,
                    stdout: Any = None, stderr: Any = None,
-                   relation: str | None = None) -> subprocess.Popen[bytes]:
+                   relation: str | None = None, relations: int = 1) -> subprocess.Popen[bytes]:
     """Start the drill workload (lamina.drill.workload) as a subprocess. ``quiet`` sends
     its output to /dev/null; ``stdout``/``stderr`` (file objects or ``subprocess.PIPE``)
     override that."""
@@ -135,5 +143,7 @@ def start_workload(data_dir: Path, ack: Path, *, seed: int, ops: int, pause: flo
         cmd.append("--final")
     if relation is not None:
         cmd += ["--relation", relation]
+    if relations > 1:
+        cmd += ["--relations", str(relations)]
     return subprocess.Popen(cmd, env=full_env, stdout=out if stdout is None else stdout,
                             stderr=out if stderr is None else stderr)

@@ -6,6 +6,11 @@ beyond the upper), seals and compaction advances, recording each operation in th
 (see lamina.drill.oracle) with an fsync before and after the call. Restarted after a kill, it
 continues from the frontiers the store reports and from the next operation number.
 
+With ``--relations K`` (K > 1) it writes K relations, ``<relation>.0`` to
+``<relation>.<K-1>`` (:func:`relation_names`), each operation on one of them picked at
+random; an operation's intent names its relation (``"rel"``), and operation numbers count
+across all of them.
+
 Every append carries a marker row ``(id = -op, val = "marker")`` at the append's lowest
 time (the upper when it was made), so the data itself tells whether an append whose
 acknowledgement was lost to a kill reached the log, and how often.
@@ -81,33 +86,50 @@ def next_op(path: Path) -> int:
             window *= 4
 
 
+def relation_names(relation: str = RELATION, relations: int = 1) -> list[str]:
+    """The relations a workload writes: ``relation`` itself, or ``relations`` of them."""
+    if relations <= 1:
+        return [relation]
+    return [f"{relation}.{j}" for j in range(relations)]
+
+
 def run(data_dir: Path, ack_path: Path, *, seed: int, ops: int, segment_bytes: int,
         pause: float = 0.0, first_op: int | None = None, final: bool = False,
-        relation: str = RELATION) -> None:
+        relation: str = RELATION, relations: int = 1) -> None:
     op = next_op(ack_path) if first_op is None else first_op
     rng = random.Random(seed * 1_000_003 + op)
     log = AckLog(ack_path)
     with Store.open(data_dir, segment_bytes=segment_bytes) as store:
-        try:
-            rel = store.relation(relation)
-        except RelationNotFoundError:
-            rel = store.create_relation(relation, SCHEMA, key=["id"])
+        rels = []
+        for name in relation_names(relation, relations):
+            try:
+                rels.append(store.relation(name))
+            except RelationNotFoundError:
+                rels.append(store.create_relation(name, SCHEMA, key=["id"]))
         print("ready", flush=True)
-        live: list[tuple[int, str]] = []
+        live: dict[str, list[tuple[int, str]]] = {r.name: [] for r in rels}
         for _ in range(ops):
-            op = _step(rel, rng, op, log, live)
+            rel = rels[rng.randrange(len(rels))] if len(rels) > 1 else rels[0]
+            op = _step(rel, rng, op, log, live[rel.name], tag=relations > 1)
             if pause:
                 time.sleep(pause)
         if final:
-            value = rel.upper + FUTURE_SPAN + 1
-            log.write({"op": op, "intent": "seal", "value": value})
-            rel.seal(value)
-            log.write({"op": op, "ack": True})
+            for rel in rels:
+                value = rel.upper + FUTURE_SPAN + 1
+                log.write(_intent(op, rel, relations > 1, intent="seal", value=value))
+                rel.seal(value)
+                log.write({"op": op, "ack": True})
+                op += 1
     print("workload done", flush=True)
 
 
+def _intent(op: int, rel: Relation, tag: bool, **fields: Any) -> dict[str, Any]:
+    """An ack-log intent; with ``tag`` it names its relation."""
+    return {"op": op, **({"rel": rel.name} if tag else {}), **fields}
+
+
 def _step(rel: Relation, rng: random.Random, op: int, log: AckLog,
-          live: list[tuple[int, str]]) -> int:
+          live: list[tuple[int, str]], *, tag: bool = False) -> int:
     upper, since = rel.upper, rel.since
     roll = rng.random()
     if roll < 0.6:
@@ -123,18 +145,18 @@ def _step(rel: Relation, rng: random.Random, op: int, log: AckLog,
             else:
                 row = live[rng.randrange(len(live))]
                 rows.append([row[0], row[1], t, -1])
-        log.write({"op": op, "intent": "append", "rows": rows})
+        log.write(_intent(op, rel, tag, intent="append", rows=rows))
         rel.append(pa.table({"id": pa.array([r[0] for r in rows], pa.int64()),
                              "val": [r[1] for r in rows],
                              "_time": pa.array([r[2] for r in rows], pa.uint64()),
                              "_diff": pa.array([r[3] for r in rows], pa.int64())}))
     elif roll < 0.9:
         value = upper + rng.randint(1, 3)
-        log.write({"op": op, "intent": "seal", "value": value})
+        log.write(_intent(op, rel, tag, intent="seal", value=value))
         rel.seal(value)
     else:
         value = rng.randint(since, upper)
-        log.write({"op": op, "intent": "since", "value": value})
+        log.write(_intent(op, rel, tag, intent="since", value=value))
         rel.allow_compaction(value)
     log.write({"op": op, "ack": True})
     return op + 1
@@ -150,12 +172,14 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=0.0)
     ap.add_argument("--first-op", type=int, default=None)
     ap.add_argument("--relation", default=RELATION)
+    ap.add_argument("--relations", type=int, default=1,
+                    help="write this many relations, <relation>.0 ... (default: one)")
     ap.add_argument("--final", action="store_true",
                     help="end with a seal beyond every time written")
     args = ap.parse_args()
     run(args.data_dir, args.ack_log, seed=args.seed, ops=args.ops,
         segment_bytes=args.segment_bytes, pause=args.pause, first_op=args.first_op,
-        final=args.final, relation=args.relation)
+        final=args.final, relation=args.relation, relations=args.relations)
 
 
 if __name__ == "__main__":

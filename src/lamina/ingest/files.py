@@ -6,15 +6,17 @@ Files are the names in the directory matching the pattern (hidden names, startin
 Offsets are ``[file name, byte offset]`` (JSON text in the remap relation), ordered as
 that pair; before the first file the position is ``["", 0]``.
 
-- **JSON Lines / CSV**: only complete lines (ending in ``\\n``) are read; a line without
-  its newline waits for the writer. Each poll reads at most ``max_batch_bytes`` of
-  complete lines and emits them as one :class:`~lamina.ingest.source.Transaction` of
-  inserts (``_diff = +1``) at the batch's first byte, then an
-  :class:`~lamina.ingest.source.Upper` at the byte after its last newline. A batch never
-  spans a *barrier* (:meth:`FilesSource.set_barriers`: the uppers of durable bindings
-  being replayed after a restart), so a re-read line gets the time it had. Blank lines
-  are skipped. A CSV file starts with a header line naming the declared columns (any
-  order) unless ``csv_header = false``; one record per line (no quoted newlines).
+- **JSON Lines / CSV**: only complete records are read: a JSON line, or a CSV record, which
+  ends at a newline outside double quotes (a quoted value may hold newlines: the record
+  spans several lines and is read as one, never in part); a record without its ending
+  newline waits for the writer. Each poll reads at most ``max_batch_bytes`` of complete
+  records and emits them as one :class:`~lamina.ingest.source.Transaction` of inserts
+  (``_diff = +1``) at the batch's first byte, then an :class:`~lamina.ingest.source.Upper`
+  at the byte after its last record. A batch never spans a *barrier*
+  (:meth:`FilesSource.set_barriers`: the uppers of durable bindings being replayed after a
+  restart), so a re-read line gets the time it had. Blank lines are skipped. A CSV file
+  starts with a header line naming the declared columns (any order) unless ``csv_header =
+  false``. A record is numbered by its first line.
 - **Parquet**: a whole file is one transaction at ``[name, 0]``; the upper moves to
   ``[name, size]``.
 - The source moves to the next file once the current one is read to its end (no partial
@@ -31,13 +33,15 @@ that pair; before the first file the position is ``["", 0]``.
     file  string  not null   the file's name
     line  int64   not null   1-based line number
     byte  int64              byte offset of the line's start
-    text  string             the line (at most 64 KiB of it)
+    text  string             the record (at most 64 KiB of it)
     error string             what was wrong
 
 ``commit`` deletes nothing: files are the user's; ``lag_offsets`` is the bytes not read
 yet. Each step lists the directory once (``os.scandir``) and stats only the files from the
 current one on; ``lag_offsets`` reuses those sizes, so a directory of many read files costs
-one listing per step and no stat per file.
+one listing per step and no stat per file. Commit times (``lag_seconds``) are the files'
+modification times as that pass saw them (the lines read were written no later); once a
+pass finds nothing more to read, its time is the upper's.
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ class FilesSource:
         self.stalled = False
         self.barriers: list[Offset] = []
         self._sizes: dict[str, int] | None = None     # the last pass over the directory
+        self._mtimes: dict[str, float] = {}           # and the files' modification times
+
+    def clock(self) -> float:
+        return time.time()
 
     def set_barriers(self, offsets: list[Offset]) -> None:
         """Offsets no transaction may span: the uppers of bindings made durable before a
@@ -194,12 +202,13 @@ class FilesSource:
             if self.stalled:
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 return []
+            scanned = time.time()
             events = self._step()
             if events:
                 return events
             left = deadline - time.monotonic()
-            if left <= 0:
-                return [Upper([self.file, self.pos])]
+            if left <= 0:   # nothing more to read: every line written before the pass is
+                return [Upper([self.file, self.pos], scanned)]
             time.sleep(min(left, self.settings.poll_interval_seconds))
 
     def _scan(self) -> dict[str, int]:
@@ -208,6 +217,7 @@ class FilesSource:
         statted; the entry type comes from the listing where the file system gives it."""
         pattern = self.settings.file_pattern
         sizes: dict[str, int] = {}
+        mtimes: dict[str, float] = {}
         try:
             it = os.scandir(self.dir)
         except FileNotFoundError:
@@ -221,10 +231,13 @@ class FilesSource:
                         continue
                     try:
                         if e.is_file():
-                            sizes[n] = e.stat().st_size
+                            st = e.stat()
+                            sizes[n] = st.st_size
+                            mtimes[n] = st.st_mtime
                     except FileNotFoundError:
                         continue        # removed since the listing: as if not listed
         self._sizes = dict(sorted(sizes.items()))
+        self._mtimes = mtimes
         return self._sizes
 
     def _step(self) -> list[Event]:
@@ -273,7 +286,8 @@ class FilesSource:
             return self._failed(start, [], [bad], size)
         self.pos = size
         rows = _with_diff(table)
-        return [Transaction(start, {self.upstream: rows}), Upper([self.file, size])]
+        return [Transaction(start, {self.upstream: rows}, commit_time=self._mtime()),
+                Upper([self.file, size])]
 
     def _lines(self, size: int) -> list[Event]:
         path = self.dir / self.file
@@ -282,26 +296,18 @@ class FilesSource:
             if b[0] == self.file and b[1] > self.pos:
                 want = min(want, b[1] - self.pos)
                 break
+        csv_ = self.settings.format == "csv"
         with open(path, "rb") as f:
             f.seek(self.pos)
             data = f.read(want)
-            cut = data.rfind(b"\n")
-            if cut < 0 and want < size - self.pos:   # one line longer than a batch
+            lines, end, end_line = _records(data, self.pos, self.line, csv=csv_)
+            if end == 0 and want < size - self.pos:   # one record longer than a batch
                 data += f.read(size - self.pos - want)
-                cut = data.rfind(b"\n")
-        if cut < 0:
+                lines, end, end_line = _records(data, self.pos, self.line, csv=csv_)
+        if end == 0:
             return []
-        data = data[:cut + 1]
         start = [self.file, self.pos]
-        lines: list[tuple[int, int, bytes]] = []     # (line number, byte offset, text)
-        byte, line = self.pos, self.line
-        for raw in data.split(b"\n")[:-1]:
-            if raw.strip():
-                lines.append((line, byte, raw))
-            byte += len(raw) + 1
-            line += 1
-        end_line = line
-        if self.settings.format == "csv" and self.settings.csv_header and self.header is None:
+        if csv_ and self.settings.csv_header and self.header is None:
             stall = self._header(path, lines, start)
             if stall is not None:
                 return stall
@@ -317,13 +323,17 @@ class FilesSource:
             changes[self.upstream] = _with_diff(good)
         if bad:
             changes[self.settings.errors_relation] = _errors_table(self.file, bad)
-        self.pos += len(data)
+        self.pos += end
         self.line = end_line
         events: list[Event] = []
         if changes:
-            events.append(Transaction(start, changes))
+            events.append(Transaction(start, changes, commit_time=self._mtime()))
         events.append(Upper([self.file, self.pos]))
         return events
+
+    def _mtime(self) -> float | None:
+        """The current file's modification time at the last pass: its lines are older."""
+        return self._mtimes.get(self.file)
 
     def _header(self, path: Path, lines: list[tuple[int, int, bytes]],
                 start: Offset) -> list[Event] | None:
@@ -357,13 +367,15 @@ class FilesSource:
         if self.settings.errors == "relation":
             self.pos = size
             return [Transaction(start, {self.settings.errors_relation:
-                                        _errors_table(self.file, bad)}),
+                                        _errors_table(self.file, bad)},
+                                commit_time=self._mtime()),
                     Upper([self.file, self.pos])]
         events: list[Event] = []
         if stop_at is not None:
             byte, line = stop_at
             if tables:
-                events.append(Transaction(start, {self.upstream: _with_diff(tables[0])}))
+                events.append(Transaction(start, {self.upstream: _with_diff(tables[0])},
+                                          commit_time=self._mtime()))
             self.pos, self.line = byte, line
             events.append(Upper([self.file, self.pos]))
         self.stalled = True
@@ -424,11 +436,41 @@ class FilesSource:
             copts = pacsv.ConvertOptions(column_types={f.name: f.type for f in self.schema},
                                          strings_can_be_null=False)
             table = pacsv.read_csv(io.BytesIO(block), read_options=ropts2,
-                                   convert_options=copts)
+                                   parse_options=_CSV_PARSE, convert_options=copts)
         return table.select(self.schema.names).cast(self.loose)
 
     def _null_key_rows(self, table: pa.Table) -> bool:
         return any(table.column(k).null_count for k in self.key)
+
+
+_CSV_PARSE = pacsv.ParseOptions(newlines_in_values=True)
+
+
+def _records(data: bytes, first_byte: int, first_line: int, *, csv: bool,
+             ) -> tuple[list[tuple[int, int, bytes]], int, int]:
+    """The complete records at the start of ``data`` (read from byte ``first_byte`` of a
+    file, at line ``first_line``): ``(line, byte, text)`` of each non-blank one, the bytes
+    they take (0: no complete record yet) and the number of the line after them. A JSON
+    line is a record; a CSV record ends at a newline outside double quotes (a quoted
+    value may hold newlines; ``""`` inside quotes keeps the count even)."""
+    records: list[tuple[int, int, bytes]] = []
+    pos = line = 0
+    start = start_line = 0
+    end, end_line = 0, first_line
+    quoted = False
+    for raw in data.split(b"\n")[:-1]:
+        if csv and raw.count(b'"') & 1:
+            quoted = not quoted
+        pos += len(raw) + 1
+        line += 1
+        if quoted:
+            continue
+        text = raw if start == pos - len(raw) - 1 else data[start:pos - 1]
+        if text.strip():
+            records.append((first_line + start_line, first_byte + start, text))
+        start, start_line = pos, line
+        end, end_line = pos, first_line + line
+    return records, end, end_line
 
 
 def _with_diff(table: pa.Table) -> pa.Table:

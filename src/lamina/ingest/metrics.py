@@ -9,8 +9,9 @@ Times of bindings are lamina times (milliseconds since the Unix epoch).
 | lamina_source_output_state | gauge | source, relation, state | the same per output |
 | lamina_source_lag_offsets | gauge | source | upstream offsets not yet read (files: bytes; |
 |  |  |  | PostgreSQL: WAL bytes); absent where a source cannot tell |
-| lamina_source_lag_seconds | gauge | source | now minus the newest binding time every live |
-|  |  |  | output is sealed past (grows when the source stops advancing) |
+| lamina_source_lag_seconds | gauge | source | age of the oldest upstream commit not sealed |
+|  |  |  | yet, on the upstream's clock (:mod:`lamina.ingest.lag`): rises as soon |
+|  |  |  | as lamina falls behind, stops or retries |
 | lamina_source_output_lag_seconds | gauge | source, relation | now minus the output's upper |
 | lamina_source_changes_total | counter | source, relation | update rows written |
 | lamina_source_transactions_total | counter | source | upstream transactions read |
@@ -47,9 +48,8 @@ class IngestMetrics(ServiceMetrics):
                                   "state", ["source", "relation", "state"], registry=r)
         self.lag_offsets = Gauge("lamina_source_lag_offsets", "Upstream offsets not yet read",
                                  ["source"], registry=r)
-        self.lag_seconds = Gauge("lamina_source_lag_seconds", "Now minus the newest binding "
-                                 "time every live output is sealed past", ["source"],
-                                 registry=r)
+        self.lag_seconds = Gauge("lamina_source_lag_seconds", "Age of the oldest upstream "
+                                 "commit not sealed yet", ["source"], registry=r)
         self.output_lag_seconds = Gauge("lamina_source_output_lag_seconds", "Now minus the "
                                         "output's upper", ["source", "relation"], registry=r)
         self.changes = Counter("lamina_source_changes", "Update rows written",

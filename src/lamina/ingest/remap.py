@@ -18,8 +18,8 @@ Each binding is one ``+1`` row at time ``T``, appended and sealed (``seal(T + 1)
 step before any output of the source is sealed past ``T``. Bindings that no output can
 need again (older than the binding in force at the resumption frontier) are retracted in
 the same append as a later binding, so the relation holds a handful of rows, and its
-compaction frontier follows (only its newest state is ever read), so the compacter
-consolidates the history away.
+compaction frontier follows the source's retained history like its outputs'
+(:mod:`lamina.ingest.retention`), so the compacter consolidates the rest away.
 
 Recovery (:meth:`Remap.load`): the sealed bindings come from a snapshot; a binding that
 was appended but not sealed (a kill between the two) is *adopted*: it was a true upper of
@@ -30,13 +30,14 @@ is as good as having sealed it then.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lamina.errors import RelationNotFoundError, SourceStalledError
+from lamina.ingest.retention import Retention
 from lamina.ingest.source import Offset
 from lamina.ingest.tail import unsealed_updates
 from lamina.schema import DIFF, TIME
@@ -68,13 +69,15 @@ def next_binding_time(now_ms: int, interval_ms: int, last: int | None) -> int:
 class Remap:
     """The durable bindings of one source."""
 
-    def __init__(self, store: Store, name: str, *, decode: Callable[[str], Offset]) -> None:
+    def __init__(self, store: Store, name: str, *, decode: Callable[[str], Offset],
+                 retention: Retention) -> None:
         self.name = name
         self.decode = decode
+        self.retention = retention
         try:
             self.rel: Relation = store.relation(name)
         except RelationNotFoundError:
-            self.rel = store.create_relation(name, REMAP_SCHEMA, list(REMAP_KEY))
+            self.rel = store.create_relation(name, REMAP_SCHEMA, list(REMAP_KEY), time_unit="ms")
         if not self.rel.schema.equals(REMAP_SCHEMA, check_metadata=False) \
                 or self.rel.key != REMAP_KEY:
             raise SourceStalledError(
@@ -83,6 +86,11 @@ class Remap:
                 hint=f"drop relation {name!r} or rename the source; lamina keeps a source's "
                      "bindings there")
         self.bindings: list[Binding] = []
+
+    def hold(self) -> None:
+        """Take the relation's writer now (LockedError when another process writes the
+        source's relations), before any slow work that would end in writing it."""
+        self.rel.seal(self.rel.upper)
 
     def load(self) -> list[Binding]:
         """Read the bindings (adopting an unsealed one); sorted by time."""
@@ -123,6 +131,15 @@ class Remap:
             last = max(last or 0, upper - 1)
         return last
 
+    def next_time(self, now_ms: int, interval_ms: int, uppers: Iterable[int]) -> int:
+        """The time of the next binding: ``now_ms`` rounded up to the interval, above every
+        binding ever made durable and below no output's upper (``uppers``)."""
+        last = self.last_time
+        top = max(uppers, default=0) - 1
+        if top >= 0:
+            last = top if last is None else max(last, top)
+        return next_binding_time(now_ms, interval_ms, last)
+
     def mint(self, time: int, upper: Offset, text: str, *, retire_below: int | None) -> Binding:
         """Append binding ``(time, upper)`` and seal past it, retracting the bindings older
         than ``retire_below`` (in the same record). Durable on return."""
@@ -138,7 +155,7 @@ class Remap:
         self.rel.append(table)
         self.rel.seal(time + 1)
         self.bindings = [x for x in self.bindings if x not in retired] + [b]
-        if retired and retire_below is not None and retire_below > self.rel.since:
-            # only the newest state is ever read: let the compacter consolidate the rest
-            self.rel.allow_compaction(retire_below)
+        since = self.retention.since_at(time, self.rel.since)
+        if since is not None:
+            self.rel.allow_compaction(since)
         return b

@@ -3,40 +3,43 @@
 A :class:`SourceRunner` runs in a thread of its own (sources block). Each *session*
 starts from what is on disk, so a retried session and a restarted process recover alike:
 
-1. **Resumption.** Load the bindings (:class:`~lamina.ingest.remap.Remap`) and the outputs'
-   uppers. The resume time ``R`` is the least output upper (an output not created yet has
-   upper 0). The binding in force there, ``B`` (the newest with ``B.time < R``), says
-   where to re-read: every output holds every transaction below ``F(B)``, so the source
-   opens at ``F(B)`` (or from its start, snapshot included, when there is no ``B``).
-   A source whose start cannot be read again (PostgreSQL: ``open(None)`` takes a new
-   snapshot at a new LSN, above every binding) is opened from its start only while no
-   output holds data: otherwise ``R`` is the least upper of the outputs holding data, and
-   an output holding none (a table added to the source, a relation dropped) is stalled,
-   left out of ``R`` and of the offset commit; the others go on (except an output a kill
-   left unsealed at the very first binding, completed by ``_finish_first_seal``). A source
-   that replays from its start (files: ``replays_from_start``) fills such an output by
-   replay.
+1. **Resumption** (:mod:`lamina.ingest.resume`): the resume time ``R`` (least output
+   upper), the binding in force there (where the source reopens), the bindings to replay
+   and the outputs that cannot be filled.
 2. **Replay.** Bindings at or after ``R`` are durable already; each is written again
    (:class:`~lamina.ingest.reclock.Reclocker`: only to the outputs still at or below it)
    once the source's upper reaches its ``F``. Times and their contents are the ones the
    killed process would have written.
 3. **Streaming.** Every ``timestamp_interval_seconds`` a binding ``(T, source upper)`` is
    minted (appended and sealed in the remap relation, ``ingest.binding_sealed``) and the
-   buffered transactions below its upper are written at ``T``; outputs are sealed to
-   ``T + 1``. A binding is minted also when nothing arrived, so idle outputs' uppers
-   follow the clock.
+   buffered transactions below its upper are gathered by table
+   (:func:`lamina.ingest.changes.gather`: one Arrow table per table per binding) and
+   written at ``T``; outputs are sealed to ``T + 1`` and their ``since`` follows by their
+   retention. The writing runs in the session's writer thread while this one goes on
+   reading upstream; it is finished (published, offset committed) before the next binding
+   is minted, so bindings are written one after the other, in order. A binding is minted
+   also when nothing arrived, so idle outputs' uppers follow the clock.
 4. **Offset commit.** After each binding, the binding in force at the least output upper
    (stalled outputs included, unfillable ones not) is the offset every output holds durably:
    ``Source.commit`` is told it (``ingest.offset_committed``). Older bindings are
    retracted from the remap relation with the next one.
 
+Stalls: a :class:`~lamina.ingest.source.Stall` without an offset stops its output at once;
+one with an offset waits for the first binding whose upper passes the offset, and stops
+the output before that binding is written to it (an output already past the binding
+ignores it: a replayed stall it has left behind, e.g. after a resync).
+
 Errors: :class:`~lamina.errors.SourceTransientError` closes the source and starts a new
 session after a backoff (``retry_initial_seconds`` doubling up to ``retry_max_seconds``);
-a :class:`~lamina.ingest.source.Stall` for a table stalls its output only; a stall of the
-whole source (``Stall(None, ...)``, :class:`~lamina.errors.SourceStalledError`, or a
-storage error) stops the source until the process restarts. Stop (SIGTERM): the buffered
-transactions below the source's upper get a last binding, outputs are sealed, the source
-is closed.
+a stall of the whole source (``Stall(None, ...)``, :class:`~lamina.errors.SourceStalledError`,
+or a storage error) stops the source until the process restarts. Stop (SIGTERM): the
+buffered transactions below the source's upper get a last binding, outputs are sealed, the
+source is closed.
+
+Resync (:meth:`SourceRunner.request_resync`, from ``POST /v1/sources/<name>/resync``): the
+session ends as on a stop (a last binding), :func:`lamina.ingest.resync.resync` runs while
+the source is closed, and a new session starts (which finds the resynced output past the
+replayed bindings).
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import pyarrow.compute as pc
 import structlog
 
 from lamina import failpoints
@@ -56,20 +59,25 @@ from lamina.errors import (
     SourceStalledError,
     SourceTransientError,
 )
+from lamina.ingest import resume
+from lamina.ingest.changes import gather, release
 from lamina.ingest.health import Health, State
+from lamina.ingest.lag import Lag
 from lamina.ingest.metrics import IngestMetrics
-from lamina.ingest.reclock import Output, Reclocker, open_output
-from lamina.ingest.remap import Binding, Remap, next_binding_time
-from lamina.ingest.settings import SourceSettings
+from lamina.ingest.reclock import Output, Reclocker, each, open_output
+from lamina.ingest.remap import Binding, Remap
+from lamina.ingest.settings import OutputSettings, SourceSettings
 from lamina.ingest.source import Offset, Source, Stall, TableSpec, Transaction, Upper
-from lamina.ingest.tail import unsealed_updates
-from lamina.schema import TIME
 from lamina.store import Store
 
 log = structlog.get_logger(__name__)
 
 POLL_SLICE_SECONDS = 0.25
 """Longest single ``poll``: how quickly a stop request is noticed."""
+
+WRITING_POLL_SECONDS = 0.01
+"""Longest ``poll`` while a binding is being written: how soon it is published (and its
+offset committed) once written."""
 
 
 class SourceRunner:
@@ -98,19 +106,16 @@ class SourceRunner:
         self.committed: Offset | None = None
         self.transactions = 0
         self.lag_offsets: int | None = None
-        self.sealed_at = 0                      # newest binding time all live outputs passed
-        metrics.register_source(self.name, self._lag_seconds)
+        self.lag = Lag(source.clock)
+        self._resyncs: list[tuple[str, Future[dict[str, Any]]]] = []
+        self._resync_wanted = threading.Event()
+        metrics.register_source(self.name, self.lag.seconds)
 
     # --- status (any thread) ---------------------------------------------------------------
-    def _lag_seconds(self) -> float:
-        if self.sealed_at == 0:
-            return 0.0
-        return max(0.0, self.clock() - self.sealed_at / 1000)
-
     def status(self) -> dict[str, Any]:
         with self._mu:
             outs = [{"relation": o.relation, "upstream": o.upstream, "upper": o.upper,
-                     "changes": o.changes, **self._output_health(o).as_json()}
+                     "since": o.since, "changes": o.changes, **self._output_health(o).as_json()}
                     for o in self.outputs.values()]
             binding = self.binding
             upper = self.source_upper
@@ -124,7 +129,15 @@ class SourceRunner:
                 "source_upper": enc(upper) if upper is not None else None,
                 "committed": enc(committed) if committed is not None else None,
                 "transactions": self.transactions, "lag_offsets": self.lag_offsets,
-                "lag_seconds": round(self._lag_seconds(), 3), "outputs": outs}
+                "lag_seconds": round(self.lag.seconds(), 3), "outputs": outs}
+
+    def stalled_outputs(self) -> list[tuple[str, str]]:
+        """``(relation, error)`` of every stalled output (all of them when the source is
+        stalled)."""
+        with self._mu:
+            return [(o.relation, h.error or "")
+                    for o in self.outputs.values()
+                    if (h := self._output_health(o)).state == "stalled"]
 
     def _encode(self, offset: Offset) -> str | None:
         try:
@@ -148,14 +161,50 @@ class SourceRunner:
         for o in list(self.outputs.values()):
             self.metrics.set_output_state(self.name, o.relation, self._output_health(o).state)
 
+    # --- resync requests (any thread) --------------------------------------------------------
+    def request_resync(self, upstream: str) -> Future[dict[str, Any]]:
+        """Ask the runner to resync ``upstream`` between two sessions; the future gets
+        :func:`lamina.ingest.resync.resync`'s result or its error."""
+        fut: Future[dict[str, Any]] = Future()
+        with self._mu:
+            if self.health.state in ("stalled", "ceased"):
+                fut.set_exception(SourceStalledError(
+                    f"source {self.name!r} is {self.health.state}"
+                    + (f": {self.health.error}" if self.health.error else ""),
+                    hint="stop `lamina ingest`, then run `lamina ingest resync` (it runs "
+                         "on its own when no ingest serves the source)"))
+                return fut
+            self._resyncs.append((upstream, fut))
+        self._resync_wanted.set()
+        return fut
+
+    def _run_resyncs(self) -> None:
+        from lamina.ingest.resync import resync
+
+        with self._mu:
+            todo, self._resyncs = self._resyncs, []
+            self._resync_wanted.clear()
+        for upstream, fut in todo:
+            self._set_health("starting", None, f"resyncing {upstream}")
+            try:
+                fut.set_result(resync(self.store, self.settings, self.source, upstream,
+                                      clock=self.clock))
+            except BaseException as exc:  # the caller reports it; the source goes on
+                self.log.warning("source.resync_failed", table=upstream, error=str(exc))
+                fut.set_exception(exc)
+
     # --- thread ------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         backoff = self.retry_initial
         try:
             while not stop.is_set():
                 try:
+                    if self._resyncs:   # between sessions, the source closed
+                        self._close_source()
+                        self._run_resyncs()
                     self._session(stop)
-                    return
+                    if not self._resyncs or stop.is_set():
+                        return
                 except SourceTransientError as exc:
                     self.metrics.retries.labels(source=self.name).inc()
                     self.log.warning("source.retrying", error=str(exc),
@@ -183,12 +232,22 @@ class SourceRunner:
             self._close_source()
             if self.health.state != "stalled":
                 self._set_health("ceased")
+            self._fail_resyncs()
             self.log.info("source.ceased", state=self.health.state)
+
+    def _fail_resyncs(self) -> None:
+        with self._mu:
+            todo, self._resyncs = self._resyncs, []
+        for upstream, fut in todo:
+            fut.set_exception(SourceStalledError(
+                f"source {self.name!r} stopped before resyncing {upstream}",
+                hint="run `lamina ingest resync` again"))
 
     def _stall_source(self, error: str, hint: str, stop: threading.Event) -> None:
         self._set_health("stalled", error, hint)
         self.log.error("source.stalled", error=error, hint=hint)
         self._close_source()
+        self._fail_resyncs()
         stop.wait()
 
     def _close_source(self) -> None:
@@ -201,64 +260,30 @@ class SourceRunner:
     def _session(self, stop: threading.Event) -> None:
         self._set_health("starting")
         remap = Remap(self.store, self.settings.remap_relation,
-                      decode=self.source.decode_offset)
+                      decode=self.source.decode_offset, retention=self.settings.retention)
         bindings = remap.load()
-        wanted = self.settings.outputs()
-        uppers = {}
-        for upstream, relation in wanted.items():
-            try:
-                uppers[upstream] = self.store.relation(relation).upper
-            except RelationNotFoundError:
-                uppers[upstream] = 0
-        held = {u: up for u, up in uppers.items() if up > 0}
-        unfillable: dict[str, SourceStalledError] = {}
-        if held and not _replays_from_start(self.source):
-            # The source's start (PostgreSQL: the initial snapshot) cannot be read again:
-            # resume where the outputs holding data are; an empty one cannot be filled.
-            resume_time = min(held.values())
-            for u in wanted:
-                if u not in held and self._finish_first_seal(bindings, wanted[u],
-                                                             resume_time):
-                    held[u] = resume_time
-            unfillable = {u: self._unfillable(remap.name, u, wanted[u])
-                          for u in wanted if u not in held}
-        else:
-            resume_time = min(uppers.values())
-        if not bindings and held:
-            full = sorted(wanted[u] for u in held)
-            raise SourceStalledError(
-                f"outputs {full} hold data, but relation {remap.name!r} has no bindings: "
-                "without them lamina cannot tell which upstream offsets they hold",
-                hint=f"restore {remap.name!r} from the backup the outputs came from, or drop "
-                     f"{full} to ingest them again from the start")
-        in_force = _in_force(bindings, resume_time)
-        if in_force is None and held and not _replays_from_start(self.source):
-            full = sorted(wanted[u] for u in held)
-            raise SourceStalledError(   # opening from the start would take a new snapshot
-                f"outputs {full} hold data below time {resume_time}, but relation "
-                f"{remap.name!r} has no binding below it: lamina cannot tell where upstream "
-                "to resume without writing rows twice",
-                hint=f"restore {remap.name!r} from the backup the outputs came from, or drop "
-                     f"every output of source {self.name!r} and {remap.name!r} to start over")
-        resume = in_force.upper if in_force is not None else None
-        self.resume_frontier = resume_time
-        self.metrics.resume_frontier.labels(source=self.name).set(resume_time)
-        self.log.info("source.opening", resume_time=resume_time,
+        plan = resume.plan(self.store, self.settings, bindings,
+                           replays_from_start=self.source.replays_from_start,
+                           remap=remap.name)
+        in_force = plan.in_force
+        floor = in_force.upper if in_force is not None else None
+        self.resume_frontier = plan.time
+        self.metrics.resume_frontier.labels(source=self.name).set(plan.time)
+        self.log.info("source.opening", resume_time=plan.time,
                       resume=in_force.text if in_force else None, bindings=len(bindings))
-        replay = [b for b in bindings if b.time >= resume_time]
-        barriers = getattr(self.source, "set_barriers", None)
-        if callable(barriers):       # an optional extension of the Source protocol
-            barriers([b.upper for b in replay])
-        specs = self.source.open(resume)
-        outputs: dict[str, Output] = {}
-        for upstream, relation in wanted.items():
+        self.source.set_barriers([b.upper for b in plan.replay])
+        specs = self.source.open(floor)
+
+        def opened(item: tuple[str, OutputSettings]) -> Output:
+            upstream, how = item
             found = _spec_for(specs, upstream)
             name = found.upstream if found is not None else upstream
-            if upstream in unfillable:
-                outputs[name] = _unfillable_output(self.store, name, relation,
-                                                   unfillable[upstream])
-            else:
-                outputs[name] = open_output(self.store, name, relation, found)
+            if upstream in plan.unfillable:
+                return _unfillable_output(self.store, name, how, plan.unfillable[upstream])
+            return open_output(self.store, self.name, name, how, found)
+
+        outputs = {o.upstream: o for o in each(self.settings.output_settings().items(),
+                                               opened)}
         with self._mu:
             self.outputs = outputs
             self.binding = in_force
@@ -268,180 +293,209 @@ class SourceRunner:
             if o.stalled is not None:
                 self.log.error("output.stalled", relation=o.relation, error=o.stalled[0],
                                hint=o.stalled[1])
-        reclocker = Reclocker(outputs)
         self._set_health("running")
         self.log.info("source.running", outputs=sorted(o.relation for o in outputs.values()),
-                      replay=len(replay))
-        self._stream(stop, remap, reclocker, replay, floor=resume)
+                      replay=len(plan.replay))
+        _Session(self, remap, Reclocker(outputs, self.name), plan.replay, floor).stream(stop)
 
-    def _finish_first_seal(self, bindings: list[Binding], relation: str, least: int) -> bool:
-        """A kill between the seals of the outputs at the very first binding ``T0`` leaves
-        an output at upper 0 beside outputs sealed to ``T0 + 1``. Every output is appended
-        before any is sealed (:mod:`lamina.ingest.reclock`), so when its updates above the
-        upper are all at ``T0`` it holds the whole of ``T0``: seal it to ``T0 + 1`` now.
-        (One whose table had no rows at ``T0`` cannot be told from a new output and stalls.)
-        """
-        if not bindings or least != bindings[0].time + 1:
-            return False
+
+class _Session:
+    """The streaming loop of one session: events in, bindings out."""
+
+    def __init__(self, runner: SourceRunner, remap: Remap, reclocker: Reclocker,
+                 replay: list[Binding], floor: Offset | None) -> None:
+        self.r = runner
+        self.remap = remap
+        self.reclocker = reclocker
+        self.replay = replay
+        self.floor = floor
+        self.buffer: list[Transaction] = []
+        self.stalls: list[Stall] = []    # waiting for the binding that passes their offset
+        self.halted: Stall | None = None
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix=f"lamina-ingest-{runner.name}")
+        self.writing: Future[dict[str, int]] | None = None
+        self.written: tuple[Binding, list[Transaction], list[Output]] | None = None
+
+    def stream(self, stop: threading.Event) -> None:
         try:
-            rel = self.store.relation(relation)
-        except RelationNotFoundError:
-            return False
-        if rel.upper != 0:
-            return False
-        tail = unsealed_updates(rel)
-        if tail.num_rows == 0 or set(pc.unique(tail.column(TIME)).to_pylist()) != {
-                bindings[0].time}:
-            return False
-        rel.seal(least)
-        self.log.info("output.first_seal_completed", relation=relation, upper=least)
-        return True
+            self._stream(stop)
+        finally:
+            self.writer.shutdown(wait=True)
 
-    def _unfillable(self, remap: str, upstream: str, relation: str) -> SourceStalledError:
-        return SourceStalledError(
-            f"output {relation!r} of source {self.name!r} holds no data while the source's "
-            f"other outputs do, and a {self.settings.kind} source cannot re-read upstream "
-            "from its beginning (its initial snapshot is gone): filling this output would "
-            "write the other outputs' rows twice",
-            hint=f"ingest table {upstream!r} under a new source name (which takes a snapshot "
-                 f"of its own), or drop every output of source {self.name!r} and relation "
-                 f"{remap!r} to start over; the other outputs go on meanwhile",
-            table=upstream)
-
-    def _stream(self, stop: threading.Event, remap: Remap, reclocker: Reclocker,
-                replay: list[Binding], *, floor: Offset | None) -> None:
-        buffer: list[Transaction] = []
-        next_tick = self.clock()
-        self.source_upper = None
-        halted: Stall | None = None
+    def _stream(self, stop: threading.Event) -> None:
+        r = self.r
+        next_tick = r.clock()
+        r.source_upper = None
         while True:
-            stopping = stop.is_set() or halted is not None
+            stopping = (stop.is_set() or self.halted is not None
+                        or r._resync_wanted.is_set())
             if not stopping:
-                wait = min(POLL_SLICE_SECONDS, max(0.0, next_tick - self.clock()))
-                for ev in self.source.poll(wait):
-                    if isinstance(ev, Transaction):
-                        if floor is not None and ev.offset < floor:
-                            continue            # held by every output already
-                        buffer.append(ev)
-                        self.transactions += 1
-                        self.metrics.transactions.labels(source=self.name).inc()
-                    elif isinstance(ev, Upper):
-                        if self.source_upper is None or self.source_upper <= ev.offset:
-                            self.source_upper = ev.offset
-                    elif isinstance(ev, Stall):
-                        if ev.table is None:     # write what precedes it, then stall
-                            halted = ev
-                            break
-                        self._on_stall(ev)
-                lag = getattr(self.source, "lag_offsets", None)
-                self.lag_offsets = lag() if callable(lag) else None
-                self.metrics.set_lag_offsets(self.name, self.lag_offsets)
-            upper = self.source_upper
-            while replay and upper is not None and not upper < replay[0].upper:
-                b = replay.pop(0)
-                buffer = self._flush(remap, reclocker, b, buffer)
-            if halted is not None:
+                wait = min(POLL_SLICE_SECONDS, max(0.0, next_tick - r.clock()))
+                if self.writing is not None:     # look again soon: publish it once written
+                    wait = min(wait, WRITING_POLL_SECONDS)
+                self._take(r.source.poll(wait))
+                r.lag_offsets = r.source.lag_offsets()
+                r.metrics.set_lag_offsets(r.name, r.lag_offsets)
+            if self.writing is not None and self.writing.done():
+                self._finish()
+            upper = r.source_upper
+            while self.replay and upper is not None and not upper < self.replay[0].upper:
+                self._flush(self.replay.pop(0))
+            if self.halted is not None:
                 stopping = True
-            if replay:
+            if self.replay:
                 if stopping:
                     break       # the rest is re-read after the restart
                 continue
-            due = self.clock() >= next_tick
+            due = r.clock() >= next_tick
             if upper is not None and (due or stopping):
-                last = self.binding
+                self._finish()
+                last = r.binding
                 if last is None or not upper < last.upper:
-                    b = self._mint(remap, upper)
-                    buffer = self._flush(remap, reclocker, b, buffer)
-                next_tick = max(next_tick + self.interval_ms / 1000,
-                                self.clock() + self.interval_ms / 2000)
+                    self._flush(self._mint(upper))
+                next_tick = max(next_tick + r.interval_ms / 1000,
+                                r.clock() + r.interval_ms / 2000)
             if stopping:
                 break
-        if halted is not None:
-            raise SourceStalledError(halted.error, hint=halted.hint)
+        self._finish()
+        release(self.buffer)
+        if self.halted is not None:
+            raise SourceStalledError(self.halted.error, hint=self.halted.hint)
 
-    def _on_stall(self, ev: Stall) -> None:
-        table = ev.table or ""
-        out = self.outputs.get(table) or next(
-            (o for u, o in self.outputs.items() if _same_table(u, table)), None)
+    def _take(self, events: list[Any]) -> None:
+        r = self.r
+        read = 0
+        for ev in events:
+            if isinstance(ev, Transaction):
+                if self.floor is not None and ev.offset < self.floor:
+                    release([ev])          # held by every output already
+                    continue
+                self.buffer.append(ev)
+                r.lag.read(ev)
+                read += 1
+            elif isinstance(ev, Upper):
+                if r.source_upper is None or r.source_upper <= ev.offset:
+                    r.source_upper = ev.offset
+                r.lag.read_upto(ev.time)
+            elif isinstance(ev, Stall):
+                if ev.table is None:     # write what precedes it, then stall
+                    self.halted = ev
+                    break
+                if ev.offset is None:
+                    self._stall(ev)
+                else:
+                    self.stalls.append(ev)
+        if read:
+            r.transactions += read
+            r.metrics.transactions.labels(source=r.name).inc(read)
+
+    def _stall(self, ev: Stall) -> None:
+        out = self._output(ev.table or "")
         if out is None:
-            self.log.warning("source.stall_unknown_table", table=ev.table, error=ev.error)
+            self.r.log.warning("source.stall_unknown_table", table=ev.table, error=ev.error)
             return
-        with self._mu:
+        with self.r._mu:
             out.stall(ev.error, ev.hint)
-        self.log.error("output.stalled", relation=out.relation, error=ev.error, hint=ev.hint)
-        self._publish_outputs()
+        self.r.log.error("output.stalled", relation=out.relation, error=ev.error,
+                         hint=ev.hint)
+        self.r._publish_outputs()
 
-    def _mint(self, remap: Remap, upper: Offset) -> Binding:
-        last = remap.last_time
-        top = max((o.upper for o in self.outputs.values()), default=0) - 1
-        if top >= 0:
-            last = max(last if last is not None else top, top)
-        now_ms = int(self.clock() * 1000)
-        t = next_binding_time(now_ms, self.interval_ms, last)
-        retire = _in_force(remap.bindings, self._least_upper())
-        b = remap.mint(t, upper, self.source.encode_offset(upper),
-                       retire_below=retire.time if retire else None)
-        self.metrics.bindings.labels(source=self.name).inc()
+    def _output(self, table: str) -> Output | None:
+        outs = self.reclocker.outputs
+        return outs.get(table) or next(
+            (o for u, o in outs.items() if _same_table(u, table)), None)
+
+    def _mint(self, upper: Offset) -> Binding:
+        r = self.r
+        t = self.remap.next_time(int(r.clock() * 1000), r.interval_ms,
+                                 (o.upper for o in self.reclocker.outputs.values()))
+        retire = resume.in_force(self.remap.bindings, self._least_upper())
+        b = self.remap.mint(t, upper, r.source.encode_offset(upper),
+                            retire_below=retire.time if retire else None)
+        r.metrics.bindings.labels(source=r.name).inc()
         failpoints.hit("ingest.binding_sealed")
         return b
 
     def _least_upper(self) -> int:
         """The least upper of the outputs that can still be filled (stalled ones
         included: they resume where they stopped once the cause is fixed)."""
-        return min((o.upper for o in self.outputs.values() if not o.unfillable), default=0)
+        return min((o.upper for o in self.reclocker.outputs.values() if not o.unfillable),
+                   default=0)
 
-    def _flush(self, remap: Remap, reclocker: Reclocker, b: Binding,
-               buffer: list[Transaction]) -> list[Transaction]:
-        take = [t for t in buffer if t.offset < b.upper]
-        rest = [t for t in buffer if not t.offset < b.upper]
-        written = reclocker.write(b.time, take)   # fsyncs: not under the status lock
-        with self._mu:
-            self.binding = b
+    def _flush(self, b: Binding) -> None:
+        """Write binding ``b``: its transactions are taken from the buffer here, written
+        by the session's writer thread while this one goes on reading upstream (so the
+        walsender is not held up by lamina's appends and fsyncs), and the rest is done by
+        :meth:`_finish`, before the next binding is minted or written."""
+        self._finish()
+        take = [t for t in self.buffer if t.offset < b.upper]
+        self.buffer = [t for t in self.buffer if not t.offset < b.upper]
+        self._apply_stalls(b)
+        live = [o for o in self.reclocker.outputs.values() if o.stalled is None]
+        self.writing = self.writer.submit(self.reclocker.write, b.time, gather(take))
+        self.written = (b, take, live)
+
+    def _finish(self) -> None:
+        """Wait for the binding being written (raising what its writing raised), then
+        publish it and commit the offset every output holds."""
+        if self.writing is None or self.written is None:
+            return
+        r = self.r
+        try:
+            written = self.writing.result()
+        finally:
+            self.writing = None
+        b, take, live = self.written
+        self.written = None
+        for o in live:
+            if o.stalled is not None:           # a value or shape its binding could not take
+                r.log.error("output.stalled", relation=o.relation, error=o.stalled[0],
+                            hint=o.stalled[1])
+        release(take)
+        r.lag.pending(self.buffer)
+        with r._mu:
+            r.binding = b
         for rel, n in written.items():
             if n:
-                self.metrics.changes.labels(source=self.name, relation=rel).inc(n)
-        live = [o for o in self.outputs.values() if o.stalled is None]
-        if live and all(o.upper > b.time for o in live):
-            self.sealed_at = b.time
-        self.metrics.binding_time.labels(source=self.name).set(b.time)
+                r.metrics.changes.labels(source=r.name, relation=rel).inc(n)
+        r.metrics.binding_time.labels(source=r.name).set(b.time)
         least = self._least_upper()
-        self.resume_frontier = least
-        self.metrics.resume_frontier.labels(source=self.name).set(least)
-        self._publish_outputs()
-        held = _in_force(remap.bindings, least)
-        if held is not None and (self.committed is None or self.committed < held.upper):
-            self.source.commit(held.upper)
-            with self._mu:
-                self.committed = held.upper
+        r.resume_frontier = least
+        r.metrics.resume_frontier.labels(source=r.name).set(least)
+        r._publish_outputs()
+        held = resume.in_force(self.remap.bindings, least)
+        if held is not None and (r.committed is None or r.committed < held.upper):
+            r.source.commit(held.upper)
+            with r._mu:
+                r.committed = held.upper
             failpoints.hit("ingest.offset_committed")
-        return rest
+
+    def _apply_stalls(self, b: Binding) -> None:
+        """Stall the outputs whose stall offset ``b`` passes, before ``b`` is written to
+        them. An output that holds the stall's position already (every offset below the
+        upper of the binding in force at its upper) ignores it: a replayed stall it has
+        left behind, e.g. after a resync."""
+        now = [s for s in self.stalls if s.offset < b.upper]
+        self.stalls = [s for s in self.stalls if not s.offset < b.upper]
+        for s in now:
+            out = self._output(s.table or "")
+            held = resume.in_force(self.remap.bindings, out.upper) if out else None
+            if out is not None and held is not None and s.offset < held.upper:
+                self.r.log.info("output.stall_passed", relation=out.relation,
+                                error=s.error)
+                continue
+            self._stall(s)
 
 
-def _in_force(bindings: list[Binding], at: int) -> Binding | None:
-    """The newest binding with a time below ``at``: every output with upper ``>= at``
-    holds every transaction below its upper."""
-    found = None
-    for b in bindings:
-        if b.time < at:
-            found = b
-    return found
-
-
-def _replays_from_start(source: Source) -> bool:
-    """Whether ``open(None)`` re-reads the same offsets with the same contents as the first
-    time (the optional ``replays_from_start`` attribute; absent means it does not)."""
-    return getattr(source, "replays_from_start", False) is True
-
-
-def _unfillable_output(store: Store, upstream: str, relation: str,
+def _unfillable_output(store: Store, upstream: str, how: OutputSettings,
                        why: SourceStalledError) -> Output:
     """A stalled output that nothing is written to, and whose upper does not hold back the
     resumption frontier; the relation is left as it is (not created)."""
     try:
-        rel = store.relation(relation)
+        rel = store.relation(how.relation)
     except RelationNotFoundError:
         rel = None
-    out = Output(upstream, relation, rel, upper=rel.upper if rel is not None else 0,
+    out = Output(upstream, how.relation, rel, upper=rel.upper if rel is not None else 0,
                  unfillable=True)
     out.stall(why.error, why.hint)
     return out

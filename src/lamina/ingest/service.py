@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import structlog
@@ -32,6 +32,7 @@ import structlog
 from lamina.ingest.files import FilesSource
 from lamina.ingest.http import build_app, serve, stop_http
 from lamina.ingest.metrics import IngestMetrics
+from lamina.ingest.resync import resolve_table
 from lamina.ingest.runner import SourceRunner
 from lamina.ingest.settings import FilesSourceSettings, IngestSettings, SourceSettings
 from lamina.ingest.source import Source
@@ -44,16 +45,12 @@ SourceFactory = Callable[[SourceSettings], Source]
 
 
 def make_source(settings: SourceSettings) -> Source:
-    """The source a settings block describes. PostgreSQL sources come from
-    ``lamina.ingest.postgres.PostgresSource`` (``from_settings(settings)`` when it has
-    one, else its constructor called with the settings)."""
+    """The source a settings block describes (psycopg2 is imported only for PostgreSQL)."""
     if isinstance(settings, FilesSourceSettings):
         return FilesSource(settings)
-    module = importlib.import_module("lamina.ingest.postgres")
-    cls = module.PostgresSource
-    factory = getattr(cls, "from_settings", None)
-    source: Source = factory(settings) if factory is not None else cls(settings)
-    return source
+    from lamina.ingest.postgres import PostgresSource
+
+    return PostgresSource.from_settings(settings)
 
 
 class IngestService:
@@ -70,17 +67,34 @@ class IngestService:
         self.halt = threading.Event()
 
     def readiness(self) -> tuple[bool, str]:
+        """Ready when every source is running and no output is stalled."""
         if not self.runners:
             return False, "starting"
         waiting = [f"{r.name}: {r.health.state}" + (f" ({r.health.error})"
                                                     if r.health.error else "")
                    for r in self.runners if r.health.state != "running"]
+        stalled = [f"{rel} ({error})" for r in self.runners if r.health.state == "running"
+                   for rel, error in r.stalled_outputs()]
+        reasons = []
         if waiting:
-            return False, "sources not running: " + "; ".join(waiting)
+            reasons.append("sources not running: " + "; ".join(waiting))
+        if stalled:
+            reasons.append("outputs stalled: " + "; ".join(stalled))
+        if reasons:
+            return False, "; ".join(reasons)
         return True, "ready"
 
     def sources(self) -> list[dict[str, Any]]:
         return [r.status() for r in self.runners]
+
+    def resync(self, source: str, table: str) -> Future[dict[str, Any]]:
+        """Hand a resync of ``table`` to the runner of ``source`` (see
+        :mod:`lamina.ingest.resync`); SourceStalledError when there is no such table."""
+        runner = next((r for r in self.runners if r.name == source), None)
+        if runner is None:
+            raise LookupError(f"no source {source!r} runs here; sources: "
+                              f"{sorted(r.name for r in self.runners)}")
+        return runner.request_resync(resolve_table(runner.settings, table))
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -90,7 +104,8 @@ class IngestService:
         store = await asyncio.to_thread(
             functools.partial(Store.open, self.settings.data_dir,
                               segment_max_age_seconds=self.settings.segment_max_age_seconds))
-        runner = await serve(build_app(self.metrics, self.sources, self.readiness),
+        runner = await serve(build_app(self.metrics, self.sources, self.readiness,
+                                       self.resync),
                              self.settings.http_host, self.settings.http_port)
         log.info("ingest.starting", data_dir=str(self.settings.data_dir),
                  http=[f"{a[0]}:{a[1]}" for a in runner.addresses],

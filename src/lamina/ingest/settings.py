@@ -22,7 +22,14 @@ A files source::
     errors = "stall"                 # or "relation": bad lines go to "clicks.errors"
 
 A PostgreSQL source takes the keys of docs/ingestion.md (``dsn``, ``tables``, ``publication``,
-``slot``). Both take ``timestamp_interval_seconds`` (default 1.0).
+``slot``). Both take ``timestamp_interval_seconds`` (default 1.0), ``retain_history_seconds``
+(default 3600; ``inf`` keeps everything, see :mod:`lamina.ingest.retention`) and
+``on_truncate`` (``"retract"``, the default, or ``"stall"``). A PostgreSQL table may
+override the last two (and name its relation) in the ``tables`` table::
+
+    tables = { "public.orders" = "orders",
+               "public.events" = { relation = "events", retain_history_seconds = 86400,
+                                   on_truncate = "stall" } }
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -43,6 +51,7 @@ from pydantic import (
 )
 
 from lamina.errors import InvalidNameError, SchemaError
+from lamina.ingest.retention import Retention
 from lamina.schema import RelationMeta, validate_name
 from lamina.service.settings import ENV_PREFIX, ServiceSettings, load_toml_settings
 
@@ -80,16 +89,44 @@ def _check_name(v: str) -> str:
         raise ValueError(str(exc)) from None
 
 
+OnTruncate = Literal["retract", "stall"]
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """How one upstream table is written: its relation and the policies for it."""
+
+    relation: str
+    retention: Retention
+    on_truncate: OnTruncate
+
+
 class _SourceBase(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     name: str
     timestamp_interval_seconds: float = Field(1.0, gt=0, le=3600)
+    retain_history_seconds: float = Field(default=3600.0, ge=0)
+    """History kept behind the newest binding (``inf``: all of it)."""
+    on_truncate: OnTruncate = "retract"
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return _check_name(v)
+
+    @property
+    def retention(self) -> Retention:
+        """The source's own retention (its remap relation's, and its tables' default)."""
+        return Retention(self.retain_history_seconds)
+
+    def output_settings(self) -> dict[str, OutputSettings]:
+        """Upstream table -> how it is written."""
+        raise NotImplementedError
+
+    def outputs(self) -> dict[str, str]:
+        """Upstream table name -> output relation name."""
+        return {u: o.relation for u, o in self.output_settings().items()}
 
     @property
     def remap_relation(self) -> str:
@@ -163,12 +200,26 @@ class FilesSourceSettings(_SourceBase):
         return self.pattern or {"jsonl": "*.jsonl", "csv": "*.csv",
                                 "parquet": "*.parquet"}[self.format]
 
-    def outputs(self) -> dict[str, str]:
-        """Upstream table name -> output relation name."""
-        out = {self.output_relation: self.output_relation}
+    def output_settings(self) -> dict[str, OutputSettings]:
+        rels = [self.output_relation]
         if self.errors == "relation":
-            out[self.errors_relation] = self.errors_relation
-        return out
+            rels.append(self.errors_relation)
+        return {r: OutputSettings(r, self.retention, self.on_truncate) for r in rels}
+
+
+class TableSettings(BaseModel):
+    """A PostgreSQL table's own settings (a value of the ``tables`` table)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    relation: str | None = None
+    retain_history_seconds: float | None = Field(default=None, ge=0)
+    on_truncate: OnTruncate | None = None
+
+    @field_validator("relation")
+    @classmethod
+    def _relation(cls, v: str | None) -> str | None:
+        return None if v is None else _check_name(v)
 
 
 class PostgresSourceSettings(_SourceBase):
@@ -176,16 +227,18 @@ class PostgresSourceSettings(_SourceBase):
 
     kind: Literal["postgres"]
     dsn: str
-    tables: list[str] | dict[str, str] = Field(min_length=1)
+    tables: list[str] | dict[str, str | TableSettings] = Field(min_length=1)
     publication: str | None = None
     slot: str | None = None
 
     @field_validator("tables")
     @classmethod
-    def _tables(cls, v: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
+    def _tables(cls, v: list[str] | dict[str, str | TableSettings],
+                ) -> list[str] | dict[str, str | TableSettings]:
         if isinstance(v, dict):
             for rel in v.values():
-                _check_name(rel)
+                if isinstance(rel, str):
+                    _check_name(rel)
         return v
 
     @property
@@ -196,16 +249,21 @@ class PostgresSourceSettings(_SourceBase):
     def slot_name(self) -> str:
         return self.slot or "lamina_" + self.name.replace(".", "_").replace("-", "_")
 
-    @property
-    def upstream_tables(self) -> list[str]:
-        return list(self.tables)
-
-    def outputs(self) -> dict[str, str]:
-        """Upstream table name (``schema.table``) -> output relation name."""
-        if isinstance(self.tables, dict):
-            return {_qualified(t): rel for t, rel in self.tables.items()}
-        return {_qualified(t): _check_name(f"{self.name}.{t.rpartition('.')[2].lower()}")
-                for t in self.tables}
+    def output_settings(self) -> dict[str, OutputSettings]:
+        """Upstream table name (``schema.table``) -> how it is written."""
+        items: dict[str, str | TableSettings] = (
+            self.tables if isinstance(self.tables, dict) else dict.fromkeys(self.tables, ""))
+        out = {}
+        for table, value in items.items():
+            own = value if isinstance(value, TableSettings) else TableSettings(
+                relation=value or None)
+            relation = own.relation or _check_name(
+                f"{self.name}.{table.rpartition('.')[2].lower()}")
+            retain = own.retain_history_seconds
+            out[_qualified(table)] = OutputSettings(
+                relation, self.retention if retain is None else Retention(retain),
+                own.on_truncate or self.on_truncate)
+        return out
 
 
 def _qualified(table: str) -> str:

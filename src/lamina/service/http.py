@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.exposition import choose_encoder
 
 from lamina.errors import ConfigError
@@ -85,11 +88,31 @@ def service_app(metrics: ServiceMetrics, readiness: ReadinessFn) -> web.Applicat
     return app
 
 
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's request-handler logger, except that a request the server refused as the
+    client's fault (a 4xx: headers over 8 KiB, a malformed request line) is one
+    ``http.bad_request`` warning without a traceback: aiohttp logs those at error level
+    with one, and error is for what an operator must act on (lamina.events)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500:
+            log.warning("http.bad_request", status=exc.code,
+                        reason=str(exc.message).splitlines()[0][:200] if exc.message else "")
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
 async def start_http(app: web.Application, host: str, port: int) -> web.AppRunner:
     """Bind ``host:port`` and serve ``app``; port 0 picks a free port (read it from
     ``runner.addresses``). Raises :class:`~lamina.errors.ConfigError` when the address
     cannot be bound (port taken, address not local, privileged port)."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS,
+                           logger=_ServerLog())
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

@@ -20,6 +20,13 @@ is the seam Materialize's ``UnreliableBlob`` and RocksDB's ``FaultInjectionTestF
 - :class:`FailingFileSystem`: raises ``OSError`` (EIO, ENOSPC, ...) instead of performing
   chosen operations: the N-th call of a kind, any call a predicate picks, and optionally
   every call after the first failure (a disk gone bad).
+- :class:`DelayingFileSystem`: a slow disk under some paths: operations of chosen kinds on
+  paths containing a string wait before they are performed. It pickles, so a Spark task
+  that receives a trace store built on it (a step's context) is slowed the same way in its
+  Python worker: a long step of one chosen relation, without a large input.
+- :class:`KillOnceFileSystem`: SIGKILLs the process at the first operation on a chosen
+  path, once across every process that holds a copy (a marker file says it happened):
+  in a Spark task, the Python worker dies and the job fails once, then succeeds.
 
 - :class:`PowerLossFileSystem`: simulates a power cut. SIGKILL loses nothing the kernel
   already has (data written but not yet fsynced survives in the page cache), so a missing
@@ -37,6 +44,7 @@ import random
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -85,6 +93,15 @@ class InjectingFileSystem(FileSystem):
         """Calls issued so far, per kind."""
         self.ops: list[Op] = []
         """Every call issued, when constructed with ``record=True``."""
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        del state["_mu"]  # a lock does not pickle; the unpickled copy counts on its own
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._mu = threading.Lock()
 
     # --- hooks for subclasses -----------------------------------------------------------
     def before(self, op: Op) -> None:
@@ -206,6 +223,52 @@ class FailingFileSystem(InjectingFileSystem):
                 self.failures.append(op)
             raise OSError(self.error, f"injected fault: {os.strerror(self.error)}",
                           str(op.path))
+
+
+_RENAME: tuple[OpKind, ...] = ("rename",)
+
+
+class DelayingFileSystem(InjectingFileSystem):
+    """Waits ``seconds`` before every operation of one of ``kinds`` on a path (or rename
+    or link target) containing ``path_contains``, then performs it."""
+
+    def __init__(self, seconds: float, *, path_contains: str,
+                 kinds: Collection[OpKind] = _RENAME, record: bool = False) -> None:
+        unknown = set(kinds) - set(OP_KINDS)
+        if unknown:
+            raise ValueError(f"unknown operation kinds {sorted(unknown)}; use {OP_KINDS}")
+        super().__init__(record=record)
+        self.seconds = seconds
+        self.path_contains = path_contains
+        self.kinds = frozenset(kinds)
+
+    def before(self, op: Op) -> None:
+        if op.kind in self.kinds and (self.path_contains in str(op.path) or (
+                op.target is not None and self.path_contains in str(op.target))):
+            time.sleep(self.seconds)
+
+
+class KillOnceFileSystem(InjectingFileSystem):
+    """SIGKILLs its process before the first operation of one of ``kinds`` on a path
+    containing ``path_contains``, unless ``marker`` exists; it creates ``marker`` first
+    (exclusively), so of all the processes holding a copy exactly one dies, once."""
+
+    def __init__(self, marker: Path, *, path_contains: str,
+                 kinds: Collection[OpKind] = _RENAME) -> None:
+        super().__init__()
+        self.marker = Path(marker)
+        self.path_contains = path_contains
+        self.kinds = frozenset(kinds)
+
+    def before(self, op: Op) -> None:
+        if op.kind not in self.kinds or self.path_contains not in str(op.path):
+            return
+        try:
+            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return
+        os.close(fd)
+        kill_self()
 
 
 # --- power loss -----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 1
 ROW_GROUP_ROWS = 1 << 12
 """Rows per Parquet row group of a part. Parts are sorted by key, so each row group's
-min/max statistics bound a narrow key range and a key lookup (lamina.lookup) decodes only
+min/max statistics bound a narrow key range and a key lookup (lamina.read.lookup) decodes only
 the row groups that can hold its keys: smaller groups read less per key, larger ones
 compress and scan a little better (docs/performance.md, "Reading")."""
 

@@ -26,7 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lamina.frontier import MAX_TIME
+from lamina.layout import TraceLayout
 from lamina.schema import TIME
+from lamina.trace.batch import new_id
 
 MAX_PARTS = 64
 
@@ -69,3 +71,9 @@ def split_by_bucket(table: pa.Table, upper: int) -> Iterator[tuple[int, int, pa.
         inside = pc.less(remaining.column(TIME), pa.scalar(hi, pa.uint64()))
         yield lo, hi, remaining.filter(inside)
         remaining = remaining.filter(pc.invert(inside))
+
+
+def new_pending_path() -> str:
+    """A fresh pending part's name (fresh per attempt: a re-run writes new files, crash-safety
+    rule 4)."""
+    return TraceLayout.pending_part(new_id("p"))

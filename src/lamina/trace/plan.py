@@ -1,7 +1,7 @@
 """What a conversion or merge step will do, decided before any data moves.
 
 A plan is pure: it depends only on the trace state and the WAL segments' frontiers, so
-the in-process reference executor (lamina.trace.reference) and the Spark executor
+the in-process reference executor (lamina.compacter.executors.reference) and the Spark executor
 (lamina.compacter.step) carry out the same plan and are compared row for row in tests.
 
 Conversion of consecutive finished segments ``s_i..s_j`` (``s_i.lower`` must equal the

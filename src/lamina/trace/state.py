@@ -27,18 +27,20 @@ not a reason to fall back to an older one: the WAL segments the newest version m
 converted may already be deleted, so an older version would silently lose their updates.
 
 Size stays bounded: a state names only live batches (O(log N)) and pending parts (bounded
-by lamina.trace.pending), and only the newest ``keep`` versions are kept.
+by lamina.trace.pending), and only the newest ``keep`` versions are kept (and those a read
+holds a lease on, lamina.trace.lease).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lamina.errors import CorruptionError, ObjectExistsError, StateConflictError
+from lamina.errors import CorruptionError, ObjectExistsError, StateConflictError, decode_failure
 from lamina.fs import crc32c
 from lamina.layout import TraceLayout
 from lamina.objstore.base import ObjectStore
@@ -153,7 +155,8 @@ def decode_state(data: bytes, path: str | Path) -> TraceState:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError,
             OverflowError) as exc:  # OverflowError: int() of an infinite float
-        raise CorruptionError(f"trace state is unreadable: {exc!r}", path=path) from exc
+        raise CorruptionError(f"trace state is unreadable: {decode_failure(exc)}",
+                              path=path) from exc
     if str(path).rsplit("/", 1)[-1] != state_file_name(state.version):
         raise CorruptionError(f"trace state says version {state.version}", path=path)
     return state
@@ -176,11 +179,11 @@ class StateStore:
         return f"{TraceLayout.STATE}/{state_file_name(version)}"
 
     def versions(self) -> list[int]:
-        return [v for v, _ in self._listed()]
+        return [v for v, _ in self.listed()]
 
-    def _listed(self) -> list[tuple[int, float]]:
+    def listed(self) -> list[tuple[int, float]]:
         """The published versions, oldest first, each with its object's mtime (when it
-        was published)."""
+        was published): one listing of ``state/``."""
         out = []
         for meta in self.store.list(TraceLayout.STATE):
             stem, dot, ext = meta.key.rsplit("/", 1)[-1].partition(".")
@@ -222,17 +225,22 @@ class StateStore:
                 f"published by another writer in {self.dir}; this writer stops (is a second "
                 "compacter running on the same trace?)") from None
 
-    def prune(self, keep: int, *, superseded_before: float | None = None) -> list[int]:
+    def prune(self, keep: int, *, superseded_before: float | None = None,
+              held: Collection[int] = (),
+              listed: list[tuple[int, float]] | None = None) -> list[int]:
         """Delete all but the newest ``keep`` versions; return the versions deleted.
 
         With ``superseded_before`` (seconds since the epoch), a version is also kept while
         it was superseded at or after that time: the version after it was published then
-        (its object's mtime), so a reader that loaded it at most that long ago can still
-        read the files it names."""
-        listed = self._listed()
+        (its object's mtime). Versions in ``held`` (what live read leases hold,
+        lamina.trace.lease) are kept too. ``listed``: a listing the caller already made
+        (:meth:`listed`)."""
+        listed = self.listed() if listed is None else listed
         doomed = []
         for (v, _), (_, successor_mtime) in zip(listed[:-keep] if keep > 0 else [],
                                                 listed[1:], strict=False):
+            if v in held:
+                continue
             if superseded_before is None or successor_mtime < superseded_before:
                 doomed.append(v)
         for v in doomed:

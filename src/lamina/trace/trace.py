@@ -2,7 +2,7 @@
 
 :class:`Trace` is the only writer of a trace (the compacter, or tests); the trace is an
 :class:`~lamina.objstore.base.ObjectStore` rooted at the relation (a directory or an S3
-prefix, :meth:`lamina.layout.Layout.trace_store`). It holds
+prefix, :meth:`lamina.datadir.DataDir.trace_store`). It holds
 the newest state in memory, and every step follows the crash-safety rules of docs/architecture.md:
 
 1. data files of the step are written and synced (by an executor: reference or Spark),
@@ -11,10 +11,14 @@ the newest state in memory, and every step follows the crash-safety rules of doc
    left to garbage collection, since readers of older versions may still read them).
 
 Garbage collection (:meth:`Trace.collect_garbage`) prunes state versions beyond ``keep``
-(and, if asked, superseded longer ago than ``keep_versions_seconds``: the guard of a read
-in flight) and deletes data objects that no kept version names (and leftovers of failed
-writes), once they are older than a grace period (an object younger than that may belong
-to a step still running). It lists and deletes through the store, so it is the same on every
+(and, if asked, those superseded less than ``keep_versions_seconds`` ago), never a version
+a live read lease holds (lamina.trace.lease: what keeps a read's files alive), and deletes
+data objects that no kept version names (and leftovers of failed writes), once they are
+older than a grace period (an object younger than that may belong to a step still
+running), and the objects of leases that expired longer ago than that. One pass lists
+``state/`` once, then ``leases/`` once (every lease is in its key: none is read), then
+each data directory; it reads only the kept versions it has not read before (a version
+never changes). It lists and deletes through the store, so it is the same on every
 storage.
 """
 
@@ -33,6 +37,7 @@ from lamina.objstore.base import ObjectStore
 from lamina.schema import RelationMeta
 from lamina.trace.batch import BatchDesc, PartFile
 from lamina.trace.invariants import check_state
+from lamina.trace.lease import scan as lease_scan
 from lamina.trace.plan import ConversionPlan, MergePlan, merged_level
 from lamina.trace.staging import retire_staged
 from lamina.trace.state import PendingPart, StateStore, TraceState
@@ -44,6 +49,9 @@ class GcReport:
     versions_deleted: int
     files_deleted: int
     bytes_deleted: int
+    versions_leased: int = 0
+    """State versions that live read leases held when it ran: what they name is kept until
+    they end, so a later pass has something to do (the daemon schedules one)."""
 
 
 class Trace:
@@ -57,6 +65,7 @@ class Trace:
         self.fs = fs
         self.states = StateStore(store)
         self._state = state
+        self._named: dict[int, frozenset[str]] = {}  # files each version names (GC)
 
     @classmethod
     def open(cls, store: ObjectStore, meta: RelationMeta, fs: FileSystem | None = None
@@ -150,22 +159,24 @@ class Trace:
                         now: float | None = None) -> GcReport:
         """Prune old state versions, then delete unnamed files older than the grace period.
 
-        A version stays while it is one of the newest ``keep_versions``, or while it was
-        superseded less than ``keep_versions_seconds`` ago (0: by count only); the files
-        a kept version names stay with it."""
+        A version stays while it is one of the newest ``keep_versions``, while it was
+        superseded less than ``keep_versions_seconds`` ago (0: by count only), or while a
+        live read lease holds it; the files a kept version names stay with it. The
+        versions are listed before the leases (lamina.trace.lease says why)."""
         now = time.time() if now is None else now
+        cutoff = now - grace_seconds
+        listed = self.states.listed()
+        leases = lease_scan(self.store, now, forget_before=cutoff)
         pruned = self.states.prune(
-            max(keep_versions, 1),
+            max(keep_versions, 1), held=leases.held, listed=listed,
             superseded_before=now - keep_versions_seconds if keep_versions_seconds > 0
             else None)
-        named: set[str] = set()
-        for v in self.states.versions():
-            try:
-                named |= self.states.load(v).files()
-            except FileNotFoundError:
-                continue
-        named |= self._state.files()
-        cutoff = now - grace_seconds
+        named = set(self._state.files())
+        gone = set(pruned)
+        for v, _ in listed:
+            if v not in gone:
+                named |= self._files_of(v)
+        self._named = {v: files for v, files in self._named.items() if v not in gone}
         files = nbytes = 0
         for sub in TraceLayout.DATA_DIRS:
             for obj in self.store.list(sub):
@@ -176,6 +187,20 @@ class Trace:
                 failpoints.hit("gc.after_delete")
                 files += 1
                 nbytes += obj.size
-        for sub in (*TraceLayout.DATA_DIRS, TraceLayout.STATE):
+        for obj in leases.expired:
+            self.store.delete(obj.key)
+        for sub in (*TraceLayout.DATA_DIRS, TraceLayout.STATE, TraceLayout.LEASES):
             files += self.store.sweep(sub, cutoff)
-        return GcReport(versions_deleted=len(pruned), files_deleted=files, bytes_deleted=nbytes)
+        return GcReport(versions_deleted=len(pruned), files_deleted=files, bytes_deleted=nbytes,
+                        versions_leased=len(leases.held))
+
+    def _files_of(self, version: int) -> frozenset[str]:
+        """The files state ``version`` names (read once: a version never changes)."""
+        files = self._named.get(version)
+        if files is None:
+            try:
+                files = frozenset(self.states.load(version).files())
+            except FileNotFoundError:
+                return frozenset()
+            self._named[version] = files
+        return files

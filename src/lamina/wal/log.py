@@ -16,6 +16,13 @@ Durability (docs/architecture.md, crash-safety rules):
   cache): every later call raises WriterFailedError; the open segment is cut back to the
   records acknowledged before the failure; reopening recovers from disk.
 
+Compression: ``compression`` ("none", "lz4" or "zstd") is how this writer writes the
+buffers of its UPDATES records (lamina.wal.record). It creates segments of format version
+2 when it compresses and of version 1 when it does not (lamina.wal.segment.version_for:
+uncompressed data stays readable by a lamina without compression); into a version 1 open
+segment it recovers it writes uncompressed records until that segment finishes. Readers
+take every record as it is, so a log may mix settings.
+
 Rotation: ``seal`` writes a PROGRESS record; when the open segment has passed
 ``segment_bytes``, or is older than ``segment_max_age`` seconds and holds something to
 convert (an update, or an upper past its lower), the next segment is created with
@@ -43,8 +50,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lamina import failpoints
 from lamina.errors import (
@@ -59,10 +66,12 @@ from lamina.frontier import CLOSED, check_frontier, fmt
 from lamina.fs import AppendFile, FileSystem
 from lamina.layout import LOCK_NAME
 from lamina.lock import DirLock
-from lamina.schema import TIME
+from lamina.schema import DIFF, TIME
 from lamina.wal.record import (
+    COMPRESSIONS,
     HEADER_SIZE,
     MAX_PAYLOAD,
+    Compression,
     RecordType,
     UpdatesEncoder,
     encode_frontier,
@@ -76,10 +85,26 @@ from lamina.wal.segment import (
     opening_records,
     scan_file,
     segment_name,
+    version_for,
 )
 
 FsyncPolicy = Literal["always", "interval", "never"]
 FSYNC_POLICIES: tuple[str, ...] = ("always", "interval", "never")
+
+
+def least_time(times: pa.ChunkedArray) -> int:
+    """The least of a ``_time`` column (``CLOSED`` if it is empty).
+
+    numpy over each chunk's value buffer (``_time`` has no nulls), not ``pc.min_max``:
+    for one append's column Arrow's function dispatch (options, kernel selection and
+    init, result scalars) cost three times the pass itself, and the check a sixth of
+    ``Relation.append``'s samples in the append loop's profile (docs/performance.md)."""
+    least = CLOSED
+    for chunk in times.chunks:
+        if len(chunk):
+            values = np.frombuffer(chunk.buffers()[1], np.uint64, len(chunk), chunk.offset * 8)
+            least = min(least, int(values.min()))
+    return least
 
 
 class WalWriter:
@@ -87,9 +112,13 @@ class WalWriter:
 
     def __init__(self, wal_dir: Path, relation: str, *, fs: FileSystem | None = None,
                  fsync: FsyncPolicy = "always", segment_bytes: int = 64 << 20,
-                 fsync_interval: float = 0.1, segment_max_age: float = 60.0) -> None:
+                 fsync_interval: float = 0.1, segment_max_age: float = 60.0,
+                 compression: Compression = "none") -> None:
         if fsync not in FSYNC_POLICIES:
             raise InvalidArgumentError(f"fsync policy {fsync!r} is not one of {FSYNC_POLICIES}")
+        if compression not in COMPRESSIONS:
+            raise InvalidArgumentError(f"WAL compression {compression!r} is not one of "
+                                       f"{COMPRESSIONS}")
         if segment_bytes < 4096:
             raise InvalidArgumentError(f"segment_bytes {segment_bytes} is below the minimum "
                                        "of 4096")
@@ -97,6 +126,7 @@ class WalWriter:
         self.relation = relation
         self.fs = fs or FileSystem()
         self.policy = fsync
+        self.compression: Compression = compression
         self.segment_bytes = segment_bytes
         if not segment_max_age > 0:
             raise InvalidArgumentError(f"segment_max_age must be > 0 seconds, got "
@@ -113,6 +143,7 @@ class WalWriter:
         self._tail_progress = False  # the open segment ends with a PROGRESS record
         self._segment_lower = 0  # the open segment's lower
         self._segment_updates = False  # the open segment holds an UPDATES record
+        self._segment_version = version_for(compression)  # the open segment's version
         self._segment_born = time.monotonic()  # when this writer opened or created it
         self._encoders = threading.local()  # each appending thread's UpdatesEncoder
         try:
@@ -164,6 +195,7 @@ class WalWriter:
                 self._tail_progress = scan.records[-1].rtype is RecordType.PROGRESS
                 self._segment_lower = scan.lower
                 self._segment_updates = bool(scan.updates())
+                self._segment_version = scan.version
                 return handle, seg.seq, scan.upper, scan.since
             # A torn opening can only be left by an older lamina (rotation now makes the
             # next segment durable first) or by damage. Nothing in it was acknowledged.
@@ -192,7 +224,8 @@ class WalWriter:
         path = self.dir / segment_name(seq, finished=False)
         handle = self.fs.open_append(path, create=True)
         try:
-            handle.write(encode_header(self.relation, seq) + opening_records(lower, since))
+            handle.write(encode_header(self.relation, seq, version_for(self.compression))
+                         + opening_records(lower, since))
             handle.sync()
             self.fs.fsync_dir(self.dir)
         except BaseException:
@@ -214,15 +247,29 @@ class WalWriter:
         """Write one UPDATES record for ``table`` (already conformed to the schema)."""
         if table.num_rows == 0:
             return
+        # Read without the lock: a segment's version only ever rises (a version 1 open
+        # segment is followed by version 2 ones), so a stale read writes an uncompressed
+        # record into a version 2 segment, which is legal.
+        codec = self.compression if self._segment_version >= 2 else "none"
         encoder = getattr(self._encoders, "encoder", None)
-        if encoder is None or not encoder.schema.equals(table.schema, check_metadata=True):
-            encoder = self._encoders.encoder = UpdatesEncoder(table.schema)
+        if encoder is None or encoder.compression != codec or not encoder.schema.equals(
+                table.schema, check_metadata=True):
+            if table.schema.names[-2:] != [TIME, DIFF]:  # what least_time relies on
+                raise InvalidArgumentError(f"updates for relation {self.relation!r} are not "
+                                           f"a conformed update table: {table.schema.names}")
+            encoder = self._encoders.encoder = UpdatesEncoder(table.schema, codec)
+        if codec != "none" and table.nbytes > MAX_PAYLOAD:  # readers rely on the bound
+            raise InvalidArgumentError(f"append of {table.nbytes} bytes of columns exceeds "
+                                       f"the {MAX_PAYLOAD}-byte record limit; split the "
+                                       "table")
         record, size = encoder.encode(table)  # pieces, written with one writev
         if size - HEADER_SIZE > MAX_PAYLOAD:
             raise InvalidArgumentError(f"append of {size - HEADER_SIZE} encoded bytes "
                                        f"exceeds the {MAX_PAYLOAD}-byte record limit; split "
                                        "the table")
-        min_time = int(pc.min_max(table.column(TIME))["min"].as_py())  # cheaper than pc.min
+        # by position (a conformed table ends with _time, _diff): a lookup by name cost a
+        # third as much as the pass over the column
+        min_time = least_time(table.column(table.num_columns - 2))
         with self._mu:
             self._check_usable()
             if min_time < self._upper:
@@ -438,6 +485,7 @@ class WalWriter:
                     self._tail_progress = False
                     self._segment_lower = self._upper
                     self._segment_updates = False
+                    self._segment_version = version_for(self.compression)
                     self._segment_born = time.monotonic()
                     self._acked_size = self._file.size
                     with self._sync_cv:

@@ -14,9 +14,11 @@ daemon's disk, from the segment's staged copy in the trace store (``staged``: it
 
 Reading a range (:func:`range_updates`) verifies what it reads the way the readers do:
 every frame's CRC32C, the segment header for the first range (which must be exactly the
-one the relation and sequence number produce), the first record being PROGRESS(lower) and
-the last PROGRESS(upper) of the planned span, each update record's schema. Damage raises
-CorruptionError naming the file and the byte offset.
+one the relation and sequence number produce, in a format version this lamina reads), the
+first record being PROGRESS(lower) and the last PROGRESS(upper) of the planned span, each
+update record's schema; compressed update records are decompressed as the readers do
+(:func:`lamina.wal.record.decode_updates`). Damage raises CorruptionError naming the file
+and the byte offset.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from lamina.wal.record import (
     decode_frontier,
     read_frame,
 )
-from lamina.wal.segment import encode_header
+from lamina.wal.segment import READ_VERSIONS, encode_header
 
 if TYPE_CHECKING:
     from lamina.objstore.base import ObjectStore
@@ -114,6 +116,7 @@ def pread_exact(fd: int, size: int, offset: int) -> bytes:
 def _read_range(item: SegmentRange, relation: str, store: ObjectStore | None
                 ) -> tuple[Path | str, bytes]:
     """Where the range is read from (for messages) and its bytes, the header checked."""
+    # a header of every version has this length (they differ in the version field alone)
     expected = encode_header(relation, item.seq) if item.first else b""
     if item.staged is not None:
         if store is None:
@@ -126,7 +129,8 @@ def _read_range(item: SegmentRange, relation: str, store: ObjectStore | None
         with where.open("rb") as f:
             header = pread_exact(f.fileno(), len(expected), 0)
             data = pread_exact(f.fileno(), item.end - item.start, item.start)
-    if header != expected:
+    if item.first and header not in {encode_header(relation, item.seq, version)
+                                     for version in READ_VERSIONS}:
         raise corrupt(where, 0, f"segment header is damaged or does not name relation "
                                 f"{relation!r} and sequence {item.seq}")
     return where, data

@@ -12,7 +12,14 @@ Payloads by type:
 
 - ``UPDATES`` (1): an Arrow IPC *stream* (schema, one or more record batches, end marker)
   holding the relation's row columns plus ``_time`` (uint64) and ``_diff`` (int64). One
-  ``append`` call is one record, so an append is all-or-nothing after a crash.
+  ``append`` call is one record, so an append is all-or-nothing after a crash. In a
+  segment of format version 2 (lamina.wal.segment) the record batches' buffers may be
+  compressed, with Arrow IPC's own buffer compression: the batch message's metadata names
+  the codec (``BodyCompression``: LZ4_FRAME or ZSTD) and each buffer of its body is an
+  int64 uncompressed length followed by that codec's frame (or, with length -1, the
+  buffer as is). The schema message and the framing are the same as uncompressed, the
+  length and the CRC32C cover the bytes as stored (compressed), and any Arrow reader
+  decodes the stream. In a version 1 segment no record is compressed.
 - ``PROGRESS`` (2) and ``SINCE`` (3): a frontier, 9 bytes: u64 value, then u8 flag
   (1 = the empty frontier, "closed for ever", with value 0). In Python a frontier is an
   ``int`` in ``[0, CLOSED]`` (lamina.frontier), the flag set for ``CLOSED``.
@@ -20,6 +27,10 @@ Payloads by type:
 The checksum covers the type so that a flipped type byte is caught; the length is
 checked against the bytes that follow and against ``MAX_PAYLOAD``, so a flipped length
 is caught as a frame that runs past the end or fails its checksum.
+
+A record's payload is at most ``MAX_PAYLOAD`` bytes as stored, and a compressed record's
+column buffers, uncompressed, at most ``MAX_PAYLOAD`` bytes too (the writer refuses
+larger appends), so a decoder never needs more: a buffer declaring more is damage.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import enum
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import crc32c as _crc32c
 import pyarrow as pa
@@ -43,6 +54,13 @@ MAX_PAYLOAD = 1 << 30
 _FRONTIER = struct.Struct("<QB")
 _crc = _crc32c.crc32c  # over the many small pieces of a record, without a wrapper's call
 _TYPE_BYTE = re.compile(rb"[\x01-\x03]")  # the RecordType values, for find_valid_frame
+
+
+Compression = Literal["none", "lz4", "zstd"]
+"""How UPDATES records' buffers are written: uncompressed, LZ4 frames or ZSTD (level 1)."""
+COMPRESSIONS: tuple[str, ...] = ("none", "lz4", "zstd")
+DEFAULT_COMPRESSION: Compression = "none"
+"""What ``Store.open`` writes unless told otherwise (docs/performance.md says why)."""
 
 
 class RecordType(enum.IntEnum):
@@ -76,15 +94,31 @@ def decode_frontier(payload: bytes | memoryview) -> int:
     return int(value)
 
 
-_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
+_WRITE_OPTIONS = {
+    "none": pa.ipc.IpcWriteOptions(),
+    "lz4": pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False),
+    "zstd": pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 1), use_threads=False),
+}
 """Arrow IPC as written to segments: metadata V5, the current format, whatever the
 ``ARROW_PRE_*`` environment variables say (a storage format must not depend on them; and
-passing options spares pyarrow reading the environment twice per append)."""
+passing options spares pyarrow reading the environment twice per append). Compression
+runs on the appending thread (``use_threads=False``): Arrow's pool made an append of
+10,000 updates slower, not faster, on two loaded cores (docs/performance.md)."""
 
 
-def encode_updates(table: pa.Table) -> bytes:
+def check_compression(compression: object) -> Compression:
+    """``compression`` if it is one of :data:`COMPRESSIONS`, else ValueError."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"WAL compression {compression!r} is not one of {COMPRESSIONS}")
+    return compression  # type: ignore[return-value]
+
+
+def encode_updates(table: pa.Table, compression: Compression = "none") -> bytes:
+    """``table`` as one Arrow IPC stream, the payload of an UPDATES record (its buffers
+    compressed with ``compression``)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
+    with pa.ipc.new_stream(sink, table.schema,
+                           options=_WRITE_OPTIONS[check_compression(compression)]) as writer:
         writer.write_table(table)
     data: bytes = sink.getvalue().to_pybytes()
     return data
@@ -113,11 +147,12 @@ class UpdatesEncoder:
     """Encodes UPDATES records of one schema as a list of buffers, for ``writev``.
 
     ``encode(table)`` returns the pieces whose concatenation is exactly
-    ``frame(UPDATES, encode_updates(table))``: the record header, the stream's schema
-    message, the table's record batch messages (their metadata, and the column buffers
-    themselves, not copies), the end-of-stream marker. The CRC32C is continued over the
-    pieces, so no byte of the table is copied before the kernel copies it into the file;
-    that copy and the checksum pass are all the work left per byte (docs/performance.md).
+    ``frame(UPDATES, encode_updates(table, compression))``: the record header, the
+    stream's schema message, the table's record batch messages (their metadata, and the
+    column buffers themselves, not copies; compressed, the codec's output), the
+    end-of-stream marker. The CRC32C is continued over the pieces, so no byte of the
+    table is copied before the kernel copies it into the file; uncompressed, that copy and
+    the checksum pass are all the work left per byte (docs/performance.md).
 
     One IPC stream writer is kept open for all of the encoder's records (started with an
     empty batch, whose output is dropped), which spares each append setting up a stream;
@@ -130,10 +165,12 @@ class UpdatesEncoder:
     Not thread-safe: one encoder per appending thread. A record's pieces hold the table's
     buffers alive while the caller holds the list."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, compression: Compression = "none") -> None:
         self.schema = schema
+        self.compression = check_compression(compression)
+        self._options = _WRITE_OPTIONS[compression]
         probe = _Parts()
-        pa.ipc.new_stream(pa.PythonFile(probe, mode="w"), schema, options=_WRITE_OPTIONS).close()
+        pa.ipc.new_stream(pa.PythonFile(probe, mode="w"), schema, options=self._options).close()
         stream = b"".join(probe.pieces)
         if not stream.endswith(_EOS):  # pragma: no cover - a pyarrow that writes otherwise
             raise RuntimeError("pyarrow wrote an IPC stream without the expected end marker")
@@ -144,7 +181,7 @@ class UpdatesEncoder:
         self._file = pa.PythonFile(self._sink, mode="w")
         self._writer: Any = None
         if not _has_dictionary(schema):
-            self._writer = pa.ipc.new_stream(self._file, schema, options=_WRITE_OPTIONS)
+            self._writer = pa.ipc.new_stream(self._file, schema, options=self._options)
             self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema))  # starts it
         self._sink.pieces.clear()
 
@@ -155,7 +192,7 @@ class UpdatesEncoder:
         if self._writer is not None:
             self._writer.write_table(table)
         else:
-            with pa.ipc.new_stream(self._file, self.schema, options=_WRITE_OPTIONS) as writer:
+            with pa.ipc.new_stream(self._file, self.schema, options=self._options) as writer:
                 writer.write_table(table)
             pieces[:] = [b"".join(pieces)[len(self._schema_message):-len(_EOS)]]
         crc = self._start_crc
@@ -181,23 +218,40 @@ _READ_OPTIONS = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataType
 
 
 def decode_updates(payload: bytes | memoryview) -> pa.Table:
-    """Decode an UPDATES payload. Raises ``ValueError`` on malformed Arrow IPC.
+    """Decode an UPDATES payload, compressed or not. Raises ``ValueError`` on malformed
+    Arrow IPC, and on compressed buffers that do not decompress to their declared length.
 
     Records sit at arbitrary offsets of a segment, so their buffers may be misaligned for
     their types; Arrow copies just those buffers to aligned memory (compute kernels would
-    otherwise warn, or on some platforms misread).
+    otherwise warn, or on some platforms misread). Compressed buffers are decompressed
+    into fresh (aligned) memory.
 
     The IPC reader checks the framing, not the data: a payload that passed its checksum
     but was written wrong (a bug, or bytes crafted to pass) could still carry string
     offsets pointing outside their buffer, invalid UTF-8 or decimals beyond their
     precision, which compute kernels would read out of bounds. Full validation (about
-    9 GB/s) turns those into the same ValueError."""
+    9 GB/s) turns those into the same ValueError. So does a compressed buffer declaring
+    more than ``MAX_PAYLOAD`` bytes (Arrow fails to allocate it), which no writer makes;
+    a smaller allocation that fails is the process running out of memory, and stays a
+    ``MemoryError``."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(payload), options=_READ_OPTIONS).read_all()
         table.validate(full=True)
-    except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError,
+            UnicodeDecodeError) as exc:  # the last: a field name that is not UTF-8
         raise ValueError(f"malformed Arrow IPC payload: {exc}") from exc
+    except pa.ArrowMemoryError as exc:
+        wanted = _ALLOCATION.search(str(exc))
+        if wanted is None or int(wanted.group(1)) <= MAX_PAYLOAD:
+            raise
+        raise ValueError(f"malformed Arrow IPC payload: a buffer declares "
+                         f"{int(wanted.group(1))} bytes, beyond the record limit of "
+                         f"{MAX_PAYLOAD}") from exc
     return table
+
+
+_ALLOCATION = re.compile(r"of size (\d+) failed")
+"""How Arrow's allocators word a failed allocation ("malloc of size N failed")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,5 +311,5 @@ def find_valid_frame(buf: memoryview, start: int) -> int | None:
 
 def corrupt(path: object, offset: int, reason: str) -> CorruptionError:
     return CorruptionError(
-        f"write-ahead log damaged: {reason}; the relation is quarantined, run "
-        "'lamina verify' and restore the file from a backup", path=str(path), offset=offset)
+        f"write-ahead log damaged: {reason}; restore the file from a backup "
+        "(docs/operations.md, LaminaRelationQuarantined)", path=str(path), offset=offset)

@@ -7,12 +7,28 @@ Byte layout of a segment (little-endian)::
 
     offset   size  field
     0        8     magic b"LAMINAWL"
-    8        2     format version (u16, 1)
+    8        2     format version (u16, 1 or 2)
     10       2     relation name length n (u16)
     12       8     segment sequence number (u64)
     20       n     relation name (UTF-8)
     20+n     4     CRC32C of bytes [0, 20+n)
     24+n     ...   records (see ``lamina.wal.record``)
+
+Format versions (the header's u16): the layout is the same in both; the version says what
+the UPDATES records of the segment may hold (lamina.wal.record):
+
+- 1: uncompressed Arrow IPC streams only (what lamina wrote before WAL compression).
+- 2: each UPDATES record's buffers may be compressed (Arrow IPC buffer compression, LZ4 or
+  ZSTD, named in each record batch message), or not, record by record: a writer's
+  ``compression`` setting applies to the records it writes, so a segment written by
+  writers of different settings mixes them.
+
+A writer creates version 2 segments when it compresses (:func:`version_for`), version 1
+segments when it does not, so that data written with the default (no compression) stays
+readable by a lamina that knows only version 1. It keeps appending uncompressed records
+to a version 1 open segment it recovers until that segment finishes. Readers read both
+versions; a lamina that knows only version 1 refuses a version 2 segment (as corruption
+naming the version) instead of misreading it.
 
 Invariants:
 
@@ -53,7 +69,16 @@ from lamina.wal.record import (
 )
 
 MAGIC = b"LAMINAWL"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest version of the segments this lamina writes (when it compresses)."""
+READ_VERSIONS = (1, 2)
+"""The versions it reads."""
+
+
+def version_for(compression: str) -> int:
+    """The version of a segment a writer with ``compression`` creates: 2 only when its
+    records may be compressed, so uncompressed data stays readable by older laminas."""
+    return 1 if compression == "none" else FORMAT_VERSION
 _FIXED = struct.Struct("<8sHHQ")
 FINISHED_SUFFIX = ".wal"
 _FRONTIER_SIZE = len(encode_frontier(0))
@@ -75,9 +100,9 @@ def parse_name(name: str) -> tuple[int, bool] | None:
     return None
 
 
-def encode_header(relation: str, seq: int) -> bytes:
+def encode_header(relation: str, seq: int, version: int = FORMAT_VERSION) -> bytes:
     name = relation.encode()
-    body = _FIXED.pack(MAGIC, FORMAT_VERSION, len(name), seq) + name
+    body = _FIXED.pack(MAGIC, version, len(name), seq) + name
     return body + struct.pack("<I", crc32c(body))
 
 
@@ -117,6 +142,7 @@ class Scan:
     path: Path
     seq: int
     relation: str
+    version: int = FORMAT_VERSION
     records: list[Record] = field(default_factory=list)
     valid_end: int = 0
     torn_at: int | None = None
@@ -140,12 +166,12 @@ def scan_buffer(buf: memoryview, path: Path, *, finished: bool, relation: str | 
     if header is None:  # torn header of an open segment: it never held anything acked
         return Scan(path=path, seq=seq or 0, relation=relation or "", torn_at=0,
                     torn_reason="incomplete segment header")
-    rel, hseq, offset = header
+    rel, hseq, offset, version = header
     if relation is not None and rel != relation:
         raise corrupt(path, 0, f"segment header names relation {rel!r}, expected {relation!r}")
     if seq is not None and hseq != seq:
         raise corrupt(path, 0, f"segment header has sequence {hseq}, file name says {seq}")
-    scan = Scan(path=path, seq=hseq, relation=rel, valid_end=offset)
+    scan = Scan(path=path, seq=hseq, relation=rel, version=version, valid_end=offset)
     while offset < len(buf):
         rec = read_frame(buf, offset)
         if isinstance(rec, BadFrame):
@@ -195,7 +221,10 @@ def _apply(scan: Scan, rec: Record, *, first: bool | None = None) -> None:
         scan.since = value
 
 
-def _read_header(buf: memoryview, path: Path, *, finished: bool) -> tuple[str, int, int] | None:
+def _read_header(buf: memoryview, path: Path, *, finished: bool
+                 ) -> tuple[str, int, int, int] | None:
+    """``(relation, seq, offset of the first record, version)``, or None for a torn header
+    of an open segment."""
     def bad(reason: str) -> None:
         if finished or find_valid_frame(buf, 1) is not None:
             raise corrupt(path, 0, reason)
@@ -208,9 +237,9 @@ def _read_header(buf: memoryview, path: Path, *, finished: bool) -> tuple[str, i
     if magic != MAGIC:
         bad(f"bad segment magic {bytes(magic)!r}")
         return None
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise corrupt(path, 8, f"segment format version {version}; this lamina reads "
-                               f"version {FORMAT_VERSION}")
+                               f"versions {', '.join(map(str, READ_VERSIONS))}")
     if len(buf) < end + 4:
         bad("segment header incomplete")
         return None
@@ -222,7 +251,7 @@ def _read_header(buf: memoryview, path: Path, *, finished: bool) -> tuple[str, i
         rel = bytes(buf[_FIXED.size:end]).decode()
     except UnicodeDecodeError as exc:
         raise corrupt(path, _FIXED.size, "relation name in header is not UTF-8") from exc
-    return rel, int(seq), end + 4
+    return rel, int(seq), end + 4, int(version)
 
 
 def scan_file(seg: SegmentFile, relation: str | None = None) -> tuple[Scan, bytes]:
@@ -259,11 +288,12 @@ def _walk_frontiers(seg: SegmentFile, relation: str) -> Scan:
         # they are large
         size = os.fstat(fd).st_size
         head = os.pread(fd, _FIXED.size + 64 + 4 + 8, 0)
-        rel, hseq, offset = _read_header(memoryview(head), path, finished=True) or ("", 0, 0)
+        rel, hseq, offset, version = (_read_header(memoryview(head), path, finished=True)
+                                      or ("", 0, 0, 0))
         if rel != relation or hseq != seg.seq:
             raise corrupt(path, 0, f"segment header names {rel!r} #{hseq}, expected "
                                    f"{relation!r} #{seg.seq}")
-        scan = Scan(path=path, seq=hseq, relation=rel, valid_end=size)
+        scan = Scan(path=path, seq=hseq, relation=rel, version=version, valid_end=size)
         last: int | None = None
         block, base = b"", offset  # the file's bytes [base, base + len(block))
         want = _WALK_BLOCK

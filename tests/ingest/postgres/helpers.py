@@ -1,14 +1,26 @@
-"""Driving a PostgresSource by hand in tests: collect events until a condition holds."""
+"""Helpers of the PostgreSQL tests: driving a PostgresSource by hand (collect events until a
+condition holds), rows of a relation and of a table as multisets."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
+from lamina import Store
+from lamina.ingest.changes import Gathered, Span
 from lamina.ingest.postgres import PostgresSource
 from lamina.ingest.source import Event, Stall, Transaction, Upper
+from tests.ingest.postgres.server import PgServer
+
+
+def arrow(part: pa.Table | Span) -> pa.Table:
+    """A transaction's changes of one table as Arrow (a span converted on its own)."""
+    got = Gathered([part]).table()
+    return got if got is not None else pa.table({})
 
 
 class Collector:
@@ -44,7 +56,7 @@ class Collector:
         out: list[tuple[object, ...]] = []
         for t in self.transactions:
             if table in t.changes:
-                out.extend(tuple(r.values()) for r in t.changes[table].to_pylist())
+                out.extend(tuple(r.values()) for r in arrow(t.changes[table]).to_pylist())
         return out
 
     def contents(self, table: str) -> dict[tuple[object, ...], int]:
@@ -68,3 +80,19 @@ def check_uppers(events: list[Event]) -> None:
 
 def table_rows(t: pa.Table) -> list[tuple[object, ...]]:
     return [tuple(r.values()) for r in t.to_pylist()]
+
+
+def relation_rows(store: Store, relation: str) -> Counter[tuple[Any, ...]]:
+    """A relation's newest readable rows as a multiset (empty before its first seal)."""
+    rel = store.relation(relation)
+    out: Counter[tuple[Any, ...]] = Counter()
+    if rel.upper == 0:
+        return out
+    for r in rel.snapshot(rel.upper - 1).to_pylist():
+        d = r.pop("_diff")
+        out[tuple(r.values())] += d
+    return out
+
+
+def upstream_rows(pg: PgServer, table: str, cols: str) -> Counter[tuple[Any, ...]]:
+    return Counter(pg.query(f"SELECT {cols} FROM {table}"))  # noqa: S608

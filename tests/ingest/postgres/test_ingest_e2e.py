@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ import pytest
 from lamina import Store
 from lamina.ingest.postgres.pgoutput import parse_lsn
 from lamina.layout import Layout
-from lamina.read import updates_at
+from tests.ingest.postgres.helpers import relation_rows, upstream_rows
 from tests.ingest.postgres.server import PgServer
 from tests.ingest.procs import Ingest, write_config
 
@@ -33,18 +34,7 @@ def pg_source_toml(name: str, dsn: str, tables: list[str], interval: float = 0.1
 
 def lamina_rows(data: Path, relation: str) -> Counter[tuple[Any, ...]]:
     with Store.open(data) as store:
-        rel = store.relation(relation)
-        if rel.upper == 0:
-            return Counter()
-        out: Counter[tuple[Any, ...]] = Counter()
-        for r in rel.snapshot(rel.upper - 1).to_pylist():
-            d = r.pop("_diff")
-            out[tuple(r.values())] += d
-        return out
-
-
-def upstream_rows(pg: PgServer, table: str, cols: str) -> Counter[tuple[Any, ...]]:
-    return Counter(pg.query(f"SELECT {cols} FROM {table}"))  # noqa: S608
+        return relation_rows(store, relation)
 
 
 def wait_equal(pg: PgServer, data: Path, relation: str, table: str, cols: str, *,
@@ -107,7 +97,7 @@ def test_snapshot_stream_never_split_keepalive_moves_slot(pg: PgServer, tmp_path
     with Store.open(data) as store:
         rel = store.relation("shop.orders")
         assert rel.key == ("id",)
-        ups = updates_at(store.layout, rel.meta, rel.upper - 1)
+        ups = rel.updates(0, rel.upper)
     times: dict[int, set[int]] = {}
     for r in ups.to_pylist():
         # +rows carry their transaction's number; -rows of txn N are ids N*10 .. N*10+5
@@ -119,14 +109,14 @@ def test_snapshot_stream_never_split_keepalive_moves_slot(pg: PgServer, tmp_path
     assert sorted(times) == list(range(21))
 
 
-def test_stalls_only_the_broken_outputs(
+def test_stalls_only_the_broken_outputs_and_readyz_names_them(
         pg: PgServer, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE good (id int PRIMARY KEY, v text)",
                "CREATE TABLE nofull (id int PRIMARY KEY, v text)",
                "CREATE TABLE trunc (id int PRIMARY KEY, v text)",
                "ALTER TABLE good REPLICA IDENTITY FULL",
                "ALTER TABLE trunc REPLICA IDENTITY FULL",
-               "INSERT INTO trunc VALUES (1, 'a')")
+               "INSERT INTO trunc VALUES (1, 'a'), (2, 'b')")
     data = tmp_path / "data"
     cfg = write_config(tmp_path / "ingest.toml", data, [pg_source_toml(
         "s", pg.dsn, ["public.good", "public.nofull", "public.trunc"])])
@@ -138,16 +128,64 @@ def test_stalls_only_the_broken_outputs(
         st = proc.wait_for(lambda st: outputs(st).get("s.nofull", {}).get("state")
                            == "stalled")
         assert "REPLICA IDENTITY FULL" in outputs(st)["s.nofull"]["hint"]
-        pg.execute("INSERT INTO good VALUES (1, 'x')", "TRUNCATE trunc")
+        status, body = proc.get("/readyz")            # the source runs, an output does not
+        assert status == 503, body
+        assert b"s.nofull" in body
+        assert b"s.good" not in body
+        pg.execute("INSERT INTO good VALUES (1, 'x')", "TRUNCATE trunc",
+                   "INSERT INTO trunc VALUES (3, 'c')")
         pg.execute("INSERT INTO good VALUES (2, 'y')")
-        st = proc.wait_for(lambda st: outputs(st)["s.trunc"]["state"] == "stalled")
-        assert "TRUNCATE" in outputs(st)["s.trunc"]["error"]
+        # TRUNCATE retracts (on_truncate = "retract", the default): the output goes on
+        wait_equal(pg, data, "s.trunc", "trunc", "id, v", proc=proc)
         wait_equal(pg, data, "s.good", "good", "id, v", proc=proc)
+        st = proc.sources()
         assert outputs(st)["s.good"]["state"] == "running"
-        assert lamina_rows(data, "s.trunc") == Counter({(1, "a"): 1})  # as before TRUNCATE
+        assert outputs(st)["s.trunc"]["state"] == "running"
         # a stalled output holds the slot back: nothing below it may be released
-        assert proc.sources()["s"]["committed"] is None
+        assert st["s"]["committed"] is None
     finally:
+        proc.kill()
+
+
+def test_lag_rises_while_ingest_is_stopped_and_falls_after(pg: PgServer,
+                                                           tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)", "ALTER TABLE t REPLICA IDENTITY FULL")
+    data = tmp_path / "data"
+    cfg = write_config(tmp_path / "ingest.toml", data,
+                       [pg_source_toml("s", pg.dsn, ["public.t"], interval=0.1)])
+    proc = Ingest(cfg, tmp_path / "ingest.log")
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            pg.execute(f"INSERT INTO t VALUES ({i})")  # noqa: S608
+            i += 1
+            time.sleep(0.02)
+
+    def lag_metric() -> float:
+        _, body = proc.get("/metrics")
+        line = next(x for x in body.decode().splitlines()
+                    if x.startswith('lamina_source_lag_seconds{source="s"}'))
+        return float(line.split()[-1])
+
+    w = threading.Thread(target=writer)
+    try:
+        proc.wait_for(lambda st: st["s"]["binding_upper"] is not None)
+        w.start()
+        proc.wait_for(lambda st: st["s"]["lag_seconds"] < 2)
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+        time.sleep(6)
+        os.kill(proc.proc.pid, signal.SIGCONT)
+        # what was committed meanwhile is old and not sealed: the lag says so at once
+        assert proc.sources()["s"]["lag_seconds"] >= 4
+        assert lag_metric() >= 3.5
+        proc.wait_for(lambda st: st["s"]["lag_seconds"] < 2)
+        assert lag_metric() < 2.5
+    finally:
+        stop.set()
+        if w.is_alive():
+            w.join()
         proc.kill()
 
 
@@ -169,14 +207,18 @@ def test_kill_9_and_restart_exactly_once(pg: PgServer, tmp_path: Path) -> None:
     """Each round starts ``lamina ingest`` and kills it -9 as soon as it has shown progress
     (a fail point's kill, or a random 0-0.4 s after its source is running); per kill only
     the cheap invariant is checked (the output's upper never goes back), the full
-    comparison with the upstream table once at the end."""
+    comparison with the upstream tables once at the end: ``acct`` (updates, deletes) and
+    ``hist`` (inserts, and every 50 transactions a TRUNCATE then an insert in one
+    transaction: retracted at its binding time, exactly once across the kills)."""
     rng = random.Random(12)
     pg.execute("CREATE TABLE acct (id int PRIMARY KEY, bal bigint, note text)",
                "ALTER TABLE acct REPLICA IDENTITY FULL",
-               "INSERT INTO acct SELECT g, 100, 'init' FROM generate_series(1, 200) g")
+               "INSERT INTO acct SELECT g, 100, 'init' FROM generate_series(1, 200) g",
+               "CREATE TABLE hist (n int, note text)",      # no key; truncated now and then
+               "ALTER TABLE hist REPLICA IDENTITY FULL")
     data = tmp_path / "data"
-    cfg = write_config(tmp_path / "ingest.toml", data,
-                       [pg_source_toml("bank", pg.dsn, ["public.acct"], interval=0.05)])
+    cfg = write_config(tmp_path / "ingest.toml", data, [pg_source_toml(
+        "bank", pg.dsn, ["public.acct", "public.hist"], interval=0.05)])
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -194,6 +236,9 @@ def test_kill_9_and_restart_exactly_once(pg: PgServer, tmp_path: Path) -> None:
                         cur.execute("INSERT INTO acct VALUES (%s, 0, 'n')", (n,))
                         if n % 3 == 0:
                             cur.execute("DELETE FROM acct WHERE id = %s", (n - 1,))
+                        if n % 50 == 0:     # TRUNCATE, then inserts, in one transaction
+                            cur.execute("TRUNCATE hist")
+                        cur.execute("INSERT INTO hist VALUES (%s, 'h')", (n,))
                         conn.commit()
                         n += 1
                         time.sleep(0.003)
@@ -245,6 +290,7 @@ def test_kill_9_and_restart_exactly_once(pg: PgServer, tmp_path: Path) -> None:
     proc = Ingest(cfg, tmp_path / "ingest.log")
     try:
         wait_equal(pg, data, "bank.acct", "acct", "id, bal, note", proc=proc, timeout=60)
+        wait_equal(pg, data, "bank.hist", "hist", "n, note", proc=proc, timeout=60)
         st = proc.sources()
         assert st["bank"]["state"] == "running", json.dumps(st)
         assert proc.terminate() == 0

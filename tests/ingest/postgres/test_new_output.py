@@ -1,6 +1,7 @@
 """A table added to a running PostgreSQL source (its output holds nothing while the others
 hold data): the new output stalls with what to do, the existing outputs go on and never
-get a row twice (the slot is not dropped, no second snapshot is taken)."""
+get a row twice (the slot is not dropped, no second snapshot is taken); ``lamina ingest
+resync`` then fills it."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import pytest
 from lamina import Store
 from lamina.errors import SourceTransientError
 from lamina.ingest.postgres import PostgresSource
+from lamina.ingest.resync import resync
 from lamina.ingest.runner import SourceRunner
 from lamina.ingest.settings import PostgresSourceSettings
+from tests.ingest.postgres.helpers import relation_rows, upstream_rows
 from tests.ingest.postgres.server import PgServer
 from tests.ingest.running import run_until
 
@@ -37,21 +40,10 @@ def _run(store: Store, pg: PgServer, tables: list[str],
                      stop_seconds=15, retry_initial_seconds=0.05)[1]
 
 
-def _rows(store: Store, relation: str) -> Counter[tuple[Any, ...]]:
-    rel = store.relation(relation)
-    out: Counter[tuple[Any, ...]] = Counter()
-    if rel.upper == 0:
-        return out
-    for r in rel.snapshot(rel.upper - 1).to_pylist():
-        d = r.pop("_diff")
-        out[tuple(r.values())] += d
-    return out
-
-
 def _has(store: Store, relation: str, n: int) -> Callable[[SourceRunner], bool]:
     def cond(_: SourceRunner) -> bool:
         try:
-            return sum(_rows(store, relation).values()) >= n
+            return sum(relation_rows(store, relation).values()) >= n
         except Exception:  # not created yet
             return False
     return cond
@@ -94,17 +86,26 @@ def test_added_table_stalls_and_existing_outputs_get_no_row_twice(
             started.set()
             t.join()
         want = Counter((i,) for i in range(1, 71))
-        assert _rows(store, "shop.a") == want          # every row once, nothing twice
+        assert relation_rows(store, "shop.a") == want          # every row once, nothing twice
         outs = {o["relation"]: o for o in status["outputs"]}
         assert outs["shop.a"]["state"] == "running"
         assert outs["shop.b"]["state"] == "stalled"
         assert "holds no data" in outs["shop.b"]["error"]
-        assert "new source name" in outs["shop.b"]["hint"]
+        assert "lamina ingest resync --config FILE shop public.b" in outs["shop.b"]["hint"]
         assert "shop.b" not in store.relations() or store.relation("shop.b").upper == 0
         # the slot was kept: a restart resumes a, still once each
         pg.execute("INSERT INTO a SELECT g FROM generate_series(71, 80) g")
         _run(store, pg, ["public.a", "public.b"], _has(store, "shop.a", 80))
-        assert _rows(store, "shop.a") == Counter((i,) for i in range(1, 81))
+        assert relation_rows(store, "shop.a") == Counter((i,) for i in range(1, 81))
+        # the remedy: a resync fills b; then both follow their tables
+        s = _settings(pg, ["public.a", "public.b"])
+        done = resync(store, s, PostgresSource.from_settings(s), "b")
+        assert done["inserted"] == 7
+        pg.execute("INSERT INTO b VALUES (8)", "INSERT INTO a VALUES (81)")
+        status = _run(store, pg, ["public.a", "public.b"], _has(store, "shop.b", 8))
+        assert {o["state"] for o in status["outputs"]} == {"running"}
+        assert relation_rows(store, "shop.b") == upstream_rows(pg, "b", "id")
+        assert relation_rows(store, "shop.a") == upstream_rows(pg, "a", "id")
 
 
 @pytest.mark.slow
@@ -116,11 +117,11 @@ def test_commit_translates_a_lost_connection(pg: PgServer) -> None:
     try:
         src.open(None)
         deadline = time.monotonic() + 20
-        while not src._started:
+        while src._frontier is None:
             assert time.monotonic() < deadline
             src.poll(0.2)
         src._repl.close()                    # the replication connection is gone
         with pytest.raises(SourceTransientError):
-            src.commit(src._upper + 1)
+            src.commit(src._frontier.stream + 1)
     finally:
         src.close()

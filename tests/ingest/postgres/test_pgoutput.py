@@ -65,6 +65,16 @@ def test_captured_messages() -> None:
     assert msg.transactional
 
 
+def test_the_fast_path_agrees_with_decode() -> None:
+    assert po.decode_fast(BEGIN) == (ord("B"), 0x1924D30, 848799921927870)
+    assert po.decode_fast(COMMIT) == (ord("C"), 0x1924D30, 0x1924D60)
+    assert po.decode_fast(INSERT) == (ord("I"), 16385, ord("N"))
+    assert po.decode_fast(UPDATE) == (ord("U"), 16385, ord("O"))
+    assert po.decode_fast(DELETE) == (ord("D"), 16385, ord("O"))
+    for other in (RELATION, TRUNCATE, MESSAGE, BEGIN[:-1], COMMIT[:-1]):
+        assert po.decode_fast(other) is None          # left to decode()
+
+
 def test_update_without_old_tuple_and_unchanged_toast() -> None:
     data = b"U\x00\x00@\x01N\x00\x03t\x00\x00\x00\x011ut\x00\x00\x00\x012"
     assert po.decode(data) == po.Update(16385, None, None, po.TupleData(("1", po.Unchanged,

@@ -5,7 +5,7 @@
 :class:`~lamina.trace.plan.ConversionPlan` / :class:`~lamina.trace.plan.MergePlan` and
 return the written files; the caller commits them (``Trace.commit_conversion`` /
 ``Trace.commit_merge``). For the same plan and inputs the output is identical, row for row
-and in order, to the in-process reference executor :mod:`lamina.trace.reference`; the
+and in order, to the in-process reference executor :mod:`lamina.compacter.executors.reference`; the
 tests compare the two.
 
 Spark schedules the tasks, retries them, places them on executors and cancels them; the

@@ -1,8 +1,10 @@
-"""The driver side of a step: planning the tasks, running the two jobs, collecting output.
+"""The driver side of a step: planning the tasks, running the jobs, collecting output.
 
-:func:`spark_convert` and :func:`spark_merge` carry out a
-:class:`~lamina.trace.plan.ConversionPlan` / :class:`~lamina.trace.plan.MergePlan` through
-:func:`run_step` and return the written files; the caller commits them. The driver never
+A plan becomes a :class:`StepSpec` (:func:`conversion_spec`, :func:`merge_spec`): the
+inputs, frontiers and batch id of the step, whatever it does. :func:`run_step` runs one
+step alone and :func:`run_pack` runs the small steps of many relations as one Spark job
+(:mod:`lamina.compacter.step.pack`); :func:`spark_convert` and :func:`spark_merge` are
+:func:`run_step` for one plan. The caller commits the written files. The driver never
 reads data: it sizes the step from the input bytes, cuts the inputs into work items
 (:mod:`lamina.compacter.step.work`) and packs them into G groups, runs job 1 (the decode
 tasks, or the single task of a step of at most ``JobTuning.single_task_bytes``), cuts the
@@ -23,24 +25,31 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from lamina.compacter.executors import ConversionResult
 from lamina.compacter.step.context import StepContext, aux_columns
 from lamina.compacter.step.cuts import boundaries
 from lamina.compacter.step.decode import decoder
-from lamina.compacter.step.failures import translate
+from lamina.compacter.step.failures import TaskError, translate
+from lamina.compacter.step.pack import (
+    PACK_DDL,
+    TASKS_PER_CORE,
+    packed,
+    pickled,
+    task_groups,
+)
 from lamina.compacter.step.runs import Run
 from lamina.compacter.step.wire import META_DDL, RUN_DDL, Decoded, Written
 from lamina.compacter.step.work import (
     DEFAULT_TUNING,
-    PARQUET_EXPANSION,
     JobTuning,
     PartInput,
     WalRange,
     WorkItem,
+    input_bytes,
     pack,
 )
 from lamina.compacter.step.write import BucketItem, PartItem, single, writer
@@ -74,6 +83,8 @@ class StepOutput:
     """Updates the step's tasks decoded from its inputs (WAL segments and Parquet parts),
     before forwarding and consolidation; counted by the attempts whose output the driver
     collected, so a retried task is counted once."""
+    spark_jobs: int = 0
+    """Spark jobs the step ran alone (0 for a step of a pack: the pack is one job)."""
 
 
 def _parallelism(spark: Any) -> int:
@@ -126,73 +137,160 @@ def _plan_writes(decoded: list[Decoded], samples: pa.Table, ctx: StepContext,
     return items
 
 
-def run_step(spark: Any, trace: Trace, *, segments: Sequence[SegmentSpan],
-             parts: Sequence[PartFile], since: int, upper: int | None, batch_id: str,
-             context: str, tuning: JobTuning = DEFAULT_TUNING,
+@dataclass(frozen=True)
+class StepSpec:
+    """One step's inputs and frontiers, whatever plan it carries out: read ``segments`` and
+    ``parts``, forward batch rows below ``since``, split off rows at or past ``upper`` (None:
+    no split) into pending buckets, consolidate, sort and write batch ``batch_id``."""
+
+    segments: tuple[SegmentSpan, ...]
+    parts: tuple[PartFile, ...]
+    since: int
+    upper: int | None
+    batch_id: str
+    context: str
+    """Names the step in errors and in the Spark job's description."""
+
+    @property
+    def input_bytes(self) -> int:
+        """The bytes the step reads (:func:`~lamina.compacter.step.work.input_bytes`)."""
+        return input_bytes(self.segments, self.parts)
+
+
+def conversion_spec(trace: Trace, plan: ConversionPlan) -> StepSpec:
+    return StepSpec(segments=tuple(plan.segments), parts=tuple(p.part for p in plan.consume),
+                    since=plan.since, upper=plan.upper, batch_id=plan.batch_id,
+                    context=f"conversion of {trace.meta.name!r} to {plan.upper}")
+
+
+def merge_spec(trace: Trace, plan: MergePlan) -> StepSpec:
+    return StepSpec(segments=(), parts=tuple(p for b in (plan.left, plan.right)
+                                             for p in b.parts),
+                    since=plan.since, upper=None, batch_id=plan.batch_id,
+                    context=f"merge of {trace.meta.name!r} [{plan.lower}, {plan.upper})")
+
+
+def is_small(spec: StepSpec, tuning: JobTuning = DEFAULT_TUNING) -> bool:
+    """Whether the step runs as a single task (alone, or in a pack)."""
+    return spec.input_bytes <= tuning.single_task_bytes
+
+
+def _context(trace: Trace, spec: StepSpec, *, share: int, n_write: int, tuning: JobTuning,
+             stage_segments: bool) -> StepContext:
+    """What every task of the step receives: its inputs cut into groups of about ``share``
+    bytes (segments staged first with ``stage_segments``)."""
+    meta = trace.meta
+    items: list[WorkItem] = []
+    for span in spec.segments:
+        target = share if span.bytes > share else span.bytes + 1
+        staged = stage(trace.store, span) if stage_segments else None
+        items.extend(WalRange(replace(r, staged=staged))
+                     for r in segment_ranges(span, meta.name, target))
+    items.extend(PartInput(p) for p in spec.parts)
+    groups = tuple(pack(items, max(share, 1)))
+    bucket, prefix = aux_columns(meta)
+    upper = spec.upper
+    return StepContext(
+        store=trace.store, relation=meta.name, update_schema=meta.update_schema,
+        row_columns=tuple(meta.row_columns), sort_columns=tuple(meta.sort_columns),
+        prefix=prefix, bucket=bucket, since=spec.since,
+        upper=upper if upper is not None and upper <= MAX_TIME else None,
+        batch_id=spec.batch_id, context=spec.context, scratch=TraceLayout.scratch(spec.batch_id),
+        sample_every=max(1, tuning.chunk_rows // SAMPLES_PER_CHUNK),
+        min_samples=max(1, math.ceil(SAMPLES_PER_CHUNK * n_write / len(groups))),
+        parts=n_write, groups=groups)
+
+
+def single_context(trace: Trace, spec: StepSpec, *, tuning: JobTuning = DEFAULT_TUNING,
+                   stage_segments: bool = False) -> StepContext:
+    """The context of a small step: its whole input in one group, one part."""
+    return _context(trace, spec, share=max(spec.input_bytes, 1), n_write=1, tuning=tuning,
+                    stage_segments=stage_segments)
+
+
+def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DEFAULT_TUNING,
              stage_segments: bool = False) -> StepOutput:
-    """Run one step: read ``segments`` and ``parts``, forward batch rows below ``since``,
-    split off rows at or past ``upper`` (None: no split) into pending buckets, consolidate,
-    sort and write. With ``stage_segments`` the segments are first copied into the trace
-    store and the tasks read the copies (:mod:`lamina.trace.staging`: executors that
-    cannot see the daemon's disk). Raises LaminaError subclasses only (see the module
-    docstring)."""
+    """Run one step alone: a small step as one task, a large one as the decode and write
+    jobs. With ``stage_segments`` the segments are first copied into the trace store and
+    the tasks read the copies (:mod:`lamina.trace.staging`: executors that cannot see the
+    daemon's disk). Raises LaminaError subclasses only (see the module docstring)."""
     from lamina.compacter.spark import check_cancelled
 
-    meta = trace.meta
-    scratch = TraceLayout.scratch(batch_id)
     decoded = 0  # updates counted by decode tasks (single tasks report theirs in tally rows)
+    jobs = 0
     try:
-        sizes = [Path(s.path).stat().st_size for s in segments]
-        total = sum(sizes) + sum(p.bytes * PARQUET_EXPANSION for p in parts)
-        single_task = total <= tuning.single_task_bytes
-        if single_task:
-            share = max(total, 1)
-            n_write = 1
-        else:
-            share = min(tuning.split_bytes, max(tuning.min_split_bytes,
-                                                math.ceil(total / _parallelism(spark))))
-            n_write = min(tuning.max_parts, max(1, math.ceil(total / tuning.part_bytes)))
-        items: list[WorkItem] = []
-        for span, size in zip(segments, sizes, strict=True):
-            target = share if size > share else size + 1
-            staged = stage(trace.store, span) if stage_segments else None
-            items.extend(WalRange(replace(r, staged=staged))
-                         for r in segment_ranges(span, meta.name, target))
-        items.extend(PartInput(p) for p in parts)
-        groups = tuple(pack(items, max(share, 1)))
-        bucket, prefix = aux_columns(meta)
-        ctx = StepContext(
-            store=trace.store, relation=meta.name, update_schema=meta.update_schema,
-            row_columns=tuple(meta.row_columns), sort_columns=tuple(meta.sort_columns),
-            prefix=prefix, bucket=bucket, since=since,
-            upper=upper if upper is not None and upper <= MAX_TIME else None,
-            batch_id=batch_id, context=context, scratch=scratch,
-            sample_every=max(1, tuning.chunk_rows // SAMPLES_PER_CHUNK),
-            min_samples=max(1, math.ceil(SAMPLES_PER_CHUNK * n_write / len(groups))),
-            parts=n_write,
-            groups=groups)
-        if single_task:
-            rows = _run_tasks(spark, len(ctx.groups), single(ctx), META_DDL,
-                              check_cancelled)
-        else:
-            try:
-                runs = _run_tasks(spark, len(ctx.groups), decoder(ctx), RUN_DDL,
-                                  check_cancelled)
-                results = sorted((Decoded.from_row(r) for r in runs), key=lambda d: d.group)
-                decoded = sum(d.input_rows for d in results)
-                # a group whose times were forwarded has a nullable time column
-                samples = pa.concat_tables((d.sample for d in results),
-                                           promote_options="default")
-                writes = _plan_writes(results, samples, ctx, n_write, tuning)
+        if is_small(spec, tuning):
+            ctx = single_context(trace, spec, tuning=tuning, stage_segments=stage_segments)
+            rows = _run_tasks(spark, 1, single(ctx), META_DDL, check_cancelled)
+            return _collect_output(rows, spec.context, jobs=1)
+        total = spec.input_bytes
+        share = min(tuning.split_bytes, max(tuning.min_split_bytes,
+                                            math.ceil(total / _parallelism(spark))))
+        n_write = min(tuning.max_parts, max(1, math.ceil(total / tuning.part_bytes)))
+        ctx = _context(trace, spec, share=share, n_write=n_write, tuning=tuning,
+                       stage_segments=stage_segments)
+        try:
+            runs = _run_tasks(spark, len(ctx.groups), decoder(ctx), RUN_DDL, check_cancelled)
+            jobs += 1
+            results = sorted((Decoded.from_row(r) for r in runs), key=lambda d: d.group)
+            decoded = sum(d.input_rows for d in results)
+            # a group whose times were forwarded has a nullable time column
+            samples = pa.concat_tables((d.sample for d in results), promote_options="default")
+            writes = _plan_writes(results, samples, ctx, n_write, tuning)
+            rows = []
+            if writes:
                 rows = _run_tasks(spark, len(writes), writer(ctx, writes), META_DDL,
-                                  check_cancelled) if writes else []
-            finally:
-                _remove_scratch(trace, scratch)
+                                  check_cancelled)
+                jobs += 1
+        finally:
+            _remove_scratch(trace, ctx.scratch)
     except LaminaError:
         raise
     except Exception as exc:  # Spark, Py4J, or the driver's own reads (OSError)
-        raise translate(exc, context) from exc
-    return _collect_output(rows, context, decoded)
+        raise translate(exc, spec.context) from exc
+    return _collect_output(rows, spec.context, decoded, jobs=jobs)
+
+
+def run_pack(spark: Any, steps: Sequence[tuple[Trace, StepSpec]], *,
+             tuning: JobTuning = DEFAULT_TUNING, stage_segments: bool = False
+             ) -> list[StepOutput | LaminaError]:
+    """Run small steps of any relations as the tasks of one Spark job
+    (:mod:`lamina.compacter.step.pack`); each step's output, or the error that fails that
+    step alone, in order. A failure of the job itself raises (LaminaError subclasses
+    only): then no step of the pack has an output."""
+    from lamina.compacter.spark import check_cancelled
+
+    out: list[StepOutput | LaminaError] = []
+    try:
+        contexts: list[bytes] = []
+        for trace, spec in steps:
+            if not is_small(spec, tuning):
+                raise ValueError(f"{spec.context} is not small enough for a pack "
+                                 f"({spec.input_bytes} bytes > {tuning.single_task_bytes})")
+            contexts.append(pickled(single_context(trace, spec, tuning=tuning,
+                                                   stage_segments=stage_segments)))
+        groups = task_groups([spec.input_bytes for _, spec in steps],
+                             TASKS_PER_CORE * _parallelism(spark))
+        rows = _run_tasks(spark, len(groups), packed(tuple(contexts), groups), PACK_DDL,
+                          check_cancelled)
+    except LaminaError:
+        raise
+    except Exception as exc:
+        raise translate(exc, f"a pack of {len(steps)} steps") from exc
+    by_step: dict[int, list[Any]] = {i: [] for i in range(len(steps))}
+    for r in rows:
+        by_step[int(r["step"])].append(r)
+    for i, (_, spec) in enumerate(steps):
+        errors = [r["error"] for r in by_step[i] if r["error"] is not None]
+        try:
+            if errors:
+                raise TaskError.decode(errors[0]).rebuild(f"{spec.context} in a Spark task")
+            if not by_step[i]:
+                raise JobError(f"{spec.context}: its task in the pack returned nothing")
+            out.append(_collect_output(by_step[i], spec.context, jobs=0))
+        except LaminaError as exc:
+            out.append(exc)
+    return out
 
 
 def _remove_scratch(trace: Trace, scratch: str) -> None:
@@ -201,7 +299,8 @@ def _remove_scratch(trace: Trace, scratch: str) -> None:
         trace.store.delete_prefix(scratch)
 
 
-def _collect_output(rows: list[Any], context: str, decoded: int = 0) -> StepOutput:
+def _collect_output(rows: list[Any], context: str, decoded: int = 0, *, jobs: int
+                    ) -> StepOutput:
     """The step's output from the write (or single) tasks' rows; ``decoded``: the updates
     the decode tasks counted."""
     parts: dict[int, PartFile] = {}
@@ -222,34 +321,11 @@ def _collect_output(rows: list[Any], context: str, decoded: int = 0) -> StepOutp
         target[key] = w.part
     return StepOutput(parts=[parts[i] for i in sorted(parts)],
                       pending=[(lo, pending[lo]) for lo in sorted(pending)],
-                      input_rows=input_rows)
+                      input_rows=input_rows, spark_jobs=jobs)
 
 
-@dataclass(frozen=True)
-class ConversionResult:
-    """What :func:`spark_convert` wrote and read (nothing of it committed yet)."""
-
-    parts: list[PartFile]
-    """The batch's parts, in order."""
-    pending: list[PendingPart]
-    """The new pending parts, one per bucket, in time order."""
-    input_rows: int
-    """Updates decoded: those of the plan's WAL segments plus the rows of the pending
-    parts it consumes (future updates are thus counted once when they are first converted
-    and again when the conversion that reaches their time brings them in)."""
-
-
-def spark_convert(spark: Any, trace: Trace, plan: ConversionPlan, *,
-                  tuning: JobTuning = DEFAULT_TUNING,
-                  stage_segments: bool = False) -> ConversionResult:
-    """Carry out a conversion plan as a Spark job; return the batch's parts, the new
-    pending parts and the number of updates read. Nothing is committed: the caller passes
-    ``result.parts`` and ``result.pending`` to ``Trace.commit_conversion``."""
-    out = run_step(spark, trace, segments=plan.segments,
-                   parts=[p.part for p in plan.consume], since=plan.since, upper=plan.upper,
-                   batch_id=plan.batch_id,
-                   context=f"conversion of {trace.meta.name!r} to {plan.upper}", tuning=tuning,
-                   stage_segments=stage_segments)
+def conversion_result(plan: ConversionPlan, out: StepOutput) -> ConversionResult:
+    """A conversion's result from its step's output (pending parts with their buckets)."""
     pending = []
     for lo, part in out.pending:
         blo, bhi = bucket_of(lo, plan.upper)
@@ -257,14 +333,21 @@ def spark_convert(spark: Any, trace: Trace, plan: ConversionPlan, *,
     return ConversionResult(parts=out.parts, pending=pending, input_rows=out.input_rows)
 
 
+def spark_convert(spark: Any, trace: Trace, plan: ConversionPlan, *,
+                  tuning: JobTuning = DEFAULT_TUNING,
+                  stage_segments: bool = False) -> ConversionResult:
+    """Carry out a conversion plan alone (one or two Spark jobs); return the batch's parts,
+    the new pending parts and the number of updates read. Nothing is committed: the caller
+    passes ``result.parts`` and ``result.pending`` to ``Trace.commit_conversion``."""
+    out = run_step(spark, trace, conversion_spec(trace, plan), tuning=tuning,
+                   stage_segments=stage_segments)
+    return conversion_result(plan, out)
+
+
 def spark_merge(spark: Any, trace: Trace, plan: MergePlan, *,
                 tuning: JobTuning = DEFAULT_TUNING) -> list[PartFile]:
-    """Carry out a merge plan as a Spark job; return the merged batch's parts in order."""
-    parents = [p for b in (plan.left, plan.right) for p in b.parts]
-    if not parents:
+    """Carry out a merge plan alone; return the merged batch's parts in order."""
+    spec = merge_spec(trace, plan)
+    if not spec.parts:
         return []
-    out = run_step(spark, trace, segments=(), parts=parents, since=plan.since, upper=None,
-                   batch_id=plan.batch_id,
-                   context=f"merge of {trace.meta.name!r} [{plan.lower}, {plan.upper})",
-                   tuning=tuning)
-    return out.parts
+    return run_step(spark, trace, spec, tuning=tuning).parts

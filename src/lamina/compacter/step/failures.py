@@ -10,7 +10,7 @@ quarantines the relation), a cancel as JobCancelledError, anything else as JobEr
 relation, step and the task's error class (retried). Everything else Spark or Py4J reports
 becomes JobError with its root cause (:func:`root_cause`); a cancelled job raises
 :class:`lamina.errors.JobCancelledError`. The in-process executor
-(:mod:`lamina.compacter.inprocess`) maps its errors through the same record
+(:mod:`lamina.compacter.executors.inprocess`) maps its errors through the same record
 (:func:`task_error`), so both executors fail alike.
 
 The record's format is versioned (:attr:`TaskError.FORMAT`): a driver refuses a record of

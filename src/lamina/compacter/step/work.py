@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from lamina.trace.batch import PartFile
 from lamina.wal.ranges import SegmentRange
+from lamina.wal.reader import SegmentSpan
 
 PARQUET_EXPANSION = 4
 """Parquet parts are compressed; their bytes count this many times when sizing tasks."""
@@ -66,6 +67,12 @@ class PartInput:
 
 
 WorkItem = WalRange | PartInput
+
+
+def input_bytes(segments: Sequence[SegmentSpan], parts: Sequence[PartFile]) -> int:
+    """What a step reads, as it is sized: WAL bytes, and Parquet bytes
+    :data:`PARQUET_EXPANSION` times (a step of at most ``single_task_bytes`` is small)."""
+    return sum(s.bytes for s in segments) + sum(p.bytes for p in parts) * PARQUET_EXPANSION
 
 
 def pack(items: Sequence[WorkItem], target: int) -> list[tuple[WorkItem, ...]]:

@@ -44,7 +44,7 @@ from lamina.consolidate import consolidate_sorted
 from lamina.layout import TraceLayout
 from lamina.trace.batch import PartFile, write_part
 from lamina.trace.order import Key, sort_rows
-from lamina.trace.reference import pending_path
+from lamina.trace.pending import new_pending_path
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def _bucket_parts(item: BucketItem, ctx: StepContext) -> Iterator[tuple[int, Par
             rows = read_run(ctx.store, run, first, last)
             tables.append(rows.slice(start - first * RUN_BATCH_ROWS, length))
         rows = sort_rows(pa.concat_tables(tables), ctx.sort_keys, ctx.prefix)
-        part = _write_nonempty(ctx, pending_path(), [_consolidated(rows, ctx)])
+        part = _write_nonempty(ctx, new_pending_path(), [_consolidated(rows, ctx)])
         if part is not None:
             yield low, part
 
@@ -132,23 +132,29 @@ def writer(ctx: StepContext, items: Sequence[PartItem | BucketItem]
     return guarded(run)
 
 
+def single_written(ctx: StepContext) -> list[Written]:
+    """The whole step in this process (a small step's one task, or one task of a pack):
+    decode, sort, consolidate, write; what it wrote, led by its tally."""
+    past, future, decoded = prepared(0, ctx)
+    past = sort_rows(past, ctx.sort_keys, ctx.prefix)
+    future = sort_rows(future, [(ctx.bucket, "ascending"), *ctx.sort_keys], ctx.bucket)
+    out = [Written.tally(decoded)]
+    part = _write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, 0),
+                           [_consolidated(past, ctx)])
+    if part is not None:
+        out.append(Written(part, index=0))
+    for low, start, length in bucket_runs(future, ctx.bucket):
+        pending = _write_nonempty(ctx, new_pending_path(),
+                                  [_consolidated(future.slice(start, length), ctx)])
+        if pending is not None:
+            out.append(Written(pending, bucket=low))
+    return out
+
+
 def single(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
                                          Iterator[pa.RecordBatch]]:
-    """The whole step in one task (small inputs): decode, sort, consolidate, write."""
+    """The whole step in one task (small inputs): :func:`single_written`."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for gid in task_ids(batches):
-            past, future, decoded = prepared(gid, ctx)
-            past = sort_rows(past, ctx.sort_keys, ctx.prefix)
-            future = sort_rows(future, [(ctx.bucket, "ascending"), *ctx.sort_keys], ctx.bucket)
-            rows = [Written.tally(decoded).row()]
-            part = _write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, 0),
-                                   [_consolidated(past, ctx)])
-            if part is not None:
-                rows.append(Written(part, index=0).row())
-            for low, start, length in bucket_runs(future, ctx.bucket):
-                pending = _write_nonempty(ctx, pending_path(),
-                                          [_consolidated(future.slice(start, length), ctx)])
-                if pending is not None:
-                    rows.append(Written(pending, bucket=low).row())
-            yield batch_of(rows, META_FIELDS)
+        for _ in task_ids(batches):
+            yield batch_of([w.row() for w in single_written(ctx)], META_FIELDS)
     return guarded(run)

@@ -3,7 +3,11 @@
 Pure functions over the bytes of one ``XLogData`` payload (what psycopg2's
 ``ReplicationMessage.payload`` holds with ``decode=False``); every message becomes a frozen
 dataclass. Malformed bytes raise :class:`lamina.errors.SourceProtocolError` naming the message
-type and the byte offset, never ``IndexError`` or ``struct.error``.
+type and the byte offset, never ``IndexError`` or ``struct.error``. The streaming hot path
+reads the messages every transaction has without dataclasses: :func:`decode_fast` (Begin,
+Commit, and the header of Insert / Update / Delete, whose tuples
+:mod:`lamina.ingest.postgres.rows` decodes column-wise), answering None for anything it
+does not expect, which :func:`decode` then names.
 
 Byte layout (big-endian; ``Int8/16/32/64`` signed as the server writes them, ``String`` is
 UTF-8 bytes ended by a NUL; LSNs are ``Int64``, timestamps ``Int64`` microseconds since
@@ -53,6 +57,8 @@ from typing import Final
 from lamina.errors import SourceProtocolError
 
 __all__ = [
+    "CHANGE_OID",
+    "CHANGE_TAGS",
     "PG_EPOCH",
     "Begin",
     "Column",
@@ -69,6 +75,7 @@ __all__ = [
     "Unchanged",
     "Update",
     "decode",
+    "decode_fast",
     "format_lsn",
     "parse_lsn",
     "pg_time",
@@ -369,6 +376,45 @@ class _Reader:
     def end(self) -> None:
         if self.pos != len(self.data):
             raise self.fail(f"{len(self.data) - self.pos} trailing bytes after the message")
+
+
+_BEGIN: Final = struct.Struct(">QqI")
+_COMMIT: Final = struct.Struct(">BQQq")
+
+CHANGE_TAGS: Final = frozenset(b"IUD")
+"""The type bytes of Insert, Update and Delete: an Int32 relation oid at byte 1
+(:data:`CHANGE_OID`), then the tuple marker at byte 5, then the tuples (``N`` new tuple;
+``O`` old row or ``K`` old key first, for Update and Delete)."""
+CHANGE_OID: Final = struct.Struct(">I")
+
+
+def decode_fast(data: bytes) -> tuple[int, int, int] | None:
+    """The messages every transaction has, as three ints rather than a dataclass (the
+    streaming hot path), when they are well formed:
+
+    - ``(ord("B"), final_lsn, commit_time)``, ``(ord("C"), commit_lsn, end_lsn)``;
+    - ``(ord("I") | ord("U") | ord("D"), relation_oid, marker)``: ``marker`` is the byte
+      after the oid (``N`` a new tuple follows, ``O`` the old row, ``K`` the old key); the
+      tuples stay in the message (:mod:`lamina.ingest.postgres.rows` decodes them, column
+      by column across many messages).
+
+    None for any other message, and for a Begin or Commit of another length or with
+    flags: :func:`decode` then gives the message or the error."""
+    tag = data[0]
+    size = len(data)
+    if tag == 0x42:  # B
+        if size != 21:
+            return None
+        lsn, when, _ = _BEGIN.unpack_from(data, 1)
+        return tag, lsn, when
+    if tag == 0x43:  # C
+        if size != 26:
+            return None
+        flags, commit, end, _ = _COMMIT.unpack_from(data, 1)
+        return (tag, commit, end) if flags == 0 else None
+    if tag in CHANGE_TAGS and size >= 8:  # oid, marker, a column count
+        return tag, CHANGE_OID.unpack_from(data, 1)[0], data[5]
+    return None
 
 
 def decode(data: bytes, *, lsn: int | None = None) -> PgMessage:

@@ -1,4 +1,4 @@
-"""The trace location of a data directory (lamina.layout): the default under ``trace/``,
+"""The trace location of a data directory (lamina.datadir): the default under ``trace/``,
 a URL recorded once by ``Store.open(trace_url=...)`` or the daemon, and refusals that
 change nothing."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from lamina.datadir import DataDir, TraceLocation
 from lamina.errors import ConfigError, CorruptionError
 from lamina.fs import FileSystem
-from lamina.layout import Layout, TraceLocation
 from lamina.objstore.local import LocalObjectStore
 from lamina.objstore.s3 import S3ObjectStore
 from lamina.store import Store
@@ -18,7 +18,7 @@ from tests.conftest import ORDERS, tree_digest
 
 
 def test_default_trace_location_is_the_trace_directory(tmp_path: Path) -> None:
-    layout = Layout(tmp_path)
+    layout = DataDir(tmp_path)
     assert layout.trace_url() == (tmp_path / "trace").as_uri()
     store = layout.trace_store("orders")
     assert isinstance(store, LocalObjectStore)
@@ -26,26 +26,29 @@ def test_default_trace_location_is_the_trace_directory(tmp_path: Path) -> None:
     assert store.location("state/x.json") == str(tmp_path / "trace" / "orders" / "state/x.json")
 
 
-def test_a_recorded_url_is_where_every_opener_finds_the_traces(tmp_path: Path) -> None:
-    with Store.open(tmp_path, trace_url="s3://bucket/some/prefix/") as store:
+def test_a_recorded_url_is_where_every_opener_finds_the_traces(tmp_path: Path,
+                                                               s3_bucket: str) -> None:
+    """(A new URL is probed before it is recorded: the bucket is real.)"""
+    with Store.open(tmp_path, trace_url=f"s3://{s3_bucket}/some/prefix/") as store:
         store.create_relation("orders", ORDERS, key=["id"])
     assert not (tmp_path / "trace").exists()
-    layout = Layout(tmp_path)
-    assert layout.trace_url() == "s3://bucket/some/prefix"
+    layout = DataDir(tmp_path)
+    assert layout.trace_url() == f"s3://{s3_bucket}/some/prefix"
     traces = layout.trace_store("orders")
     assert isinstance(traces, S3ObjectStore)
-    assert traces.url == "s3://bucket/some/prefix/orders"
+    assert traces.url == f"s3://{s3_bucket}/some/prefix/orders"
     with Store.open(tmp_path) as again:  # no URL: the recorded one stays
-        assert again.layout.trace_url() == "s3://bucket/some/prefix"
-    with Store.open(tmp_path, trace_url="s3://bucket/some/prefix") as same:
-        assert same.layout.trace_url() == "s3://bucket/some/prefix"
+        assert again.layout.trace_url() == f"s3://{s3_bucket}/some/prefix"
+    with Store.open(tmp_path, trace_url=f"s3://{s3_bucket}/some/prefix") as same:
+        assert same.layout.trace_url() == f"s3://{s3_bucket}/some/prefix"
 
 
-def test_a_different_url_later_is_refused_and_changes_nothing(tmp_path: Path) -> None:
-    Store.open(tmp_path, trace_url="s3://bucket/a").close()
+def test_a_different_url_later_is_refused_and_changes_nothing(tmp_path: Path,
+                                                              s3_bucket: str) -> None:
+    Store.open(tmp_path, trace_url=f"s3://{s3_bucket}/a").close()
     before = tree_digest(tmp_path)
-    with pytest.raises(ConfigError, match="s3://bucket/a, not s3://bucket/b"):
-        Store.open(tmp_path, trace_url="s3://bucket/b")
+    with pytest.raises(ConfigError, match=f"s3://{s3_bucket}/a, not s3://{s3_bucket}/b"):
+        Store.open(tmp_path, trace_url=f"s3://{s3_bucket}/b")
     assert tree_digest(tmp_path) == before
 
 
@@ -54,7 +57,7 @@ def test_local_traces_cannot_move(tmp_path: Path) -> None:
     (tmp_path / "trace" / "orders" / "state").mkdir(parents=True)
     before = tree_digest(tmp_path)
     with pytest.raises(ConfigError, match="already has traces"):
-        Layout(tmp_path).record_trace_url("s3://bucket/x", FileSystem())
+        DataDir(tmp_path).record_trace_url("s3://bucket/x", FileSystem())
     assert tree_digest(tmp_path) == before
 
 
@@ -71,7 +74,7 @@ def test_a_malformed_url_is_refused_before_it_is_recorded(tmp_path: Path, url: s
 def test_a_damaged_location_file_is_corruption(tmp_path: Path, data: bytes) -> None:
     (tmp_path / "trace.json").write_bytes(data)
     with pytest.raises(CorruptionError, match=r"trace\.json"):
-        Layout(tmp_path).trace_url()
+        DataDir(tmp_path).trace_url()
 
 
 def test_location_round_trip() -> None:

@@ -1,5 +1,5 @@
 """The in-process executor: conversion and merge plans carried out by the pyarrow reference
-(:mod:`lamina.trace.reference`) in threads of the daemon's own process.
+(:mod:`lamina.compacter.executors.reference`) in threads of the daemon's own process.
 
 Selected with ``executor = "inprocess"`` (``LAMINA_EXECUTOR=inprocess``). No JVM starts,
 so the daemon is ready in well under a second, which suits small relations, a laptop and
@@ -14,8 +14,10 @@ pipeline). A cancel (:meth:`InProcessExecutor.cancel_relation`, :meth:`cancel_al
 awaiting task being cancelled) returns at once with JobCancelledError: Python threads
 cannot be interrupted, so the thread runs to its end and its output is dropped, never
 committed (the files it wrote are unnamed garbage, removed by garbage collection or with
-the dropped relation's trace). Being a daemon thread, it does not hold up the process's
-exit.
+the dropped relation's trace). Its slot stays taken until the thread ends, so
+``max_concurrent`` bounds the threads actually running, cancelled or not. Being a daemon
+thread, it does not hold up the process's exit. Steps start in the order they arrive
+(``waiting_since`` is not used: there is no pack to form).
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from lamina.compacter.step.driver import ConversionResult
+from lamina.compacter.executors import ConversionResult, reference
 from lamina.compacter.step.failures import task_error
 from lamina.errors import JobCancelledError, JobError, LaminaError
-from lamina.trace import reference
 from lamina.trace.batch import PartFile
 from lamina.trace.plan import ConversionPlan, MergePlan
 from lamina.trace.trace import Trace
@@ -47,7 +48,7 @@ def convert_in_process(trace: Trace, plan: ConversionPlan) -> ConversionResult:
 
 
 class InProcessExecutor:
-    """Executor over lamina.trace.reference, in threads of this process."""
+    """Executor over lamina.compacter.executors.reference, in threads of this process."""
 
     def __init__(self, max_concurrent: int) -> None:
         self._sem = asyncio.Semaphore(max_concurrent)
@@ -61,12 +62,13 @@ class InProcessExecutor:
             out[relation] = out.get(relation, 0) + 1
         return out
 
-    async def convert(self, relation: str, trace: Trace,
-                      plan: ConversionPlan) -> ConversionResult:
+    async def convert(self, relation: str, trace: Trace, plan: ConversionPlan, *,
+                      waiting_since: float | None = None) -> ConversionResult:
         return await self._run(relation, f"conversion of {relation!r} to {plan.upper}",
                                lambda: convert_in_process(trace, plan))
 
-    async def merge(self, relation: str, trace: Trace, plan: MergePlan) -> list[PartFile]:
+    async def merge(self, relation: str, trace: Trace, plan: MergePlan, *,
+                    waiting_since: float | None = None) -> list[PartFile]:
         return await self._run(relation,
                                f"merge of {relation!r} [{plan.lower}, {plan.upper})",
                                lambda: reference.run_merge(trace, plan))

@@ -1,8 +1,11 @@
-"""The in-process executor of conversion and merge plans, with pyarrow.
+"""The reference executor of conversion and merge plans, with pyarrow, in this process.
 
 This is the reference the Spark jobs (lamina.compacter.step) are tested against: given the
 same plan and inputs both produce the same batch rows, in the same order, and the same
-pending buckets. It holds a step's input in memory, so the daemon uses Spark instead.
+pending buckets. It holds a step's input in memory, so the daemon uses Spark instead
+(or, with ``executor = "inprocess"``, runs it in threads:
+:mod:`lamina.compacter.executors.inprocess`). :func:`convert` and :func:`merge` also commit
+the step, which is what the trace tests use to drive a trace without a daemon.
 """
 
 from __future__ import annotations
@@ -16,18 +19,13 @@ from lamina.consolidate import consolidate_updates, forward
 from lamina.frontier import CLOSED
 from lamina.layout import TraceLayout
 from lamina.schema import TIME, RelationMeta
-from lamina.trace.batch import PartFile, new_id, read_part, write_part
-from lamina.trace.pending import split_by_bucket
+from lamina.trace.batch import PartFile, read_part, write_part
+from lamina.trace.pending import new_pending_path, split_by_bucket
 from lamina.trace.plan import ConversionPlan, MergePlan
 from lamina.trace.state import PendingPart, TraceState
 from lamina.trace.trace import Trace
 from lamina.wal.reader import segment_updates
 from lamina.wal.segment import SegmentFile
-
-
-def pending_path() -> str:
-    """A fresh pending part's name (fresh per attempt: a re-run writes new files)."""
-    return TraceLayout.pending_part(new_id("p"))
 
 
 def conversion_input(trace: Trace, plan: ConversionPlan) -> pa.Table:
@@ -65,7 +63,7 @@ def run_conversion(trace: Trace, plan: ConversionPlan, updates: pa.Table | None 
         parts.append(write_part(trace.store, TraceLayout.batch_part(plan.batch_id, 0),
                                 schema, [batch]))
     future = consolidate_updates(future, meta.row_columns, meta.sort_columns, context=ctx)
-    pending = [PendingPart(lo, hi, write_part(trace.store, pending_path(), schema, [t]))
+    pending = [PendingPart(lo, hi, write_part(trace.store, new_pending_path(), schema, [t]))
                for lo, hi, t in split_by_bucket(future, plan.upper)]
     return parts, pending
 

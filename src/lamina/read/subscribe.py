@@ -4,7 +4,7 @@
 ``_diff``) and :class:`Progress` markers:
 
 1. the snapshot at ``as_of``, its rows at time ``as_of``, streamed in key order
-   (lamina.stream), then ``Progress(as_of + 1)``;
+   (lamina.read.stream), then ``Progress(as_of + 1)``;
 2. for each newly sealed interval ``[lower, upper)``: its updates, consolidated (no two
    rows with equal row and time, no zero diff) and ordered by key and time, then
    ``Progress(upper)``. After ``Progress(u)`` every update at a time below ``u`` was
@@ -16,21 +16,27 @@ have received.
 
 **Exactly once under compaction.** Each interval is read with the state-first protocol of
 lamina.read (trace state, then the WAL tail that must start right after its
-``converted_through``), so a segment converted and deleted meanwhile is read from the trace
-instead, never twice, never missed; parts are opened before they can be collected. Only
-the times in ``[lower, upper)`` are kept: batches wholly below ``lower`` are skipped,
-whatever compaction did to them. A batch that straddles ``lower`` and whose ``since`` is at
-or above ``lower`` has had times already delivered forwarded into the interval; those
-cannot be told apart any more, so the subscription raises
+``converted_through``; :func:`lamina.read.unsealed.read_interval`), so a segment converted
+and deleted meanwhile is read from the trace instead, never twice, never missed. Only the
+times in ``[lower, upper)`` are kept: batches wholly below ``lower`` are skipped, whatever
+compaction did to them. A batch that straddles ``lower`` and whose ``since`` is at or above
+``lower`` has had times already delivered forwarded into the interval; those cannot be
+told apart any more, so the subscription raises
 :class:`~lamina.errors.SubscriptionBehindError` (it fell behind ``since``).
+
+**Its lease.** The subscription keeps one lease (lamina.trace.lease) for its whole life,
+moved to the state each interval pins and renewed meanwhile, so nothing an interval
+reads is collected under it; between intervals it holds the state of the last one. The
+lease is released when the iterator ends, is closed or is garbage-collected. (The first
+snapshot is a streaming snapshot with its own lease.)
 
 **Waiting.** The subscription reads the WAL directory's newest segments' names, sizes and
 modification times (one ``stat`` each); only when they change does it read the frontiers
 again. Between checks it sleeps, from 1 ms doubling to ``max_wait`` (0.05 s by default)
 while nothing changes, so an idle subscription costs about 20 directory listings and 40
 stat calls per second, and a seal is noticed within ``max_wait``. Nothing here takes a
-lock or writes: a slow consumer (which simply does not pull the iterator) holds back
-neither the writer nor the compacter.
+lock or writes anything but its lease: a slow consumer (which simply does not pull the
+iterator) holds back neither the writer nor the compacter.
 
 Reading the frontiers reads the newest segment's frame headers and frontier records
 only, seeking past update payloads (lamina.wal.segment.read_frontiers), so a check costs
@@ -49,25 +55,28 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from lamina.consolidate import consolidate_updates
+from lamina.datadir import RelationFiles
 from lamina.errors import (
     InvalidArgumentError,
     RelationNotFoundError,
     SubscriptionBehindError,
 )
-from lamina.frontier import CLOSED
-from lamina.layout import Layout
-from lamina.read import check_as_of, filter_times, pin
+from lamina.frontier import CLOSED, time_arg
+from lamina.read.stream import snapshot_batches
+from lamina.read.unsealed import read_interval
+from lamina.read.view import filter_times, new_lease, resolve_as_of
 from lamina.schema import TIME, RelationMeta
-from lamina.stream import snapshot_batches
-from lamina.wal.reader import appended_updates, frontiers, segment_updates, updates_of
-from lamina.wal.segment import SegmentFile, list_segments, scan_file
+from lamina.trace.batch import BatchDesc
+from lamina.trace.lease import Lease
+from lamina.wal.reader import appended_updates, segment_updates, updates_of
+from lamina.wal.segment import SegmentFile, scan_file
 
 MIN_WAIT = 0.001
 
@@ -80,11 +89,11 @@ class Progress:
     upper: int
 
 
-def _signature(layout: Layout, name: str) -> tuple[tuple[str, int, int], ...]:
+def _signature(files: RelationFiles) -> tuple[tuple[str, int, int], ...]:
     """Names, sizes and mtimes of the newest two segments: changes when the writer appends,
     seals, rotates or advances since."""
     out = []
-    for seg in list_segments(layout.wal_dir(name))[-2:]:
+    for seg in files.segments()[-2:]:
         try:
             st = os.stat(seg.path)
         except FileNotFoundError:
@@ -94,12 +103,12 @@ def _signature(layout: Layout, name: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-def _frontiers(layout: Layout, meta: RelationMeta) -> int:
+def _upper(files: RelationFiles) -> int:
     """The relation's upper; a WAL directory gone means the relation was dropped."""
     try:
-        return frontiers(layout.wal_dir(meta.name), meta.name)[0]
+        return files.frontiers()[0]
     except FileNotFoundError:
-        raise RelationNotFoundError(f"relation {meta.name!r} was dropped while subscribed; "
+        raise RelationNotFoundError(f"relation {files.name!r} was dropped while subscribed; "
                                     "the subscription ends") from None
 
 
@@ -158,77 +167,83 @@ class TailCache:
                     if (kept := filter_times(t, lower, CLOSED)).num_rows]
 
 
-def interval_updates(layout: Layout, meta: RelationMeta, lower: int, upper: int,
-                     tail: TailCache | None = None) -> pa.Table:
+def interval_updates(files: RelationFiles, lower: int, upper: int,
+                     tail: TailCache | None = None, lease: Lease | None = None) -> pa.Table:
     """The consolidated updates with times in ``[lower, upper)``, by key and time."""
-    tables: list[pa.Table] = []
-    with pin(layout, meta, lower, upper - 1,
-             segments=tail.read if tail is not None else None) as view:
-        if tail is not None and upper < CLOSED:  # after CLOSED nothing is read again
-            tail.advance(upper, view.state.converted_through if view.state else 0)
-        for b, _ in view.batches:
-            if b.lower < lower and b.since >= lower:
-                raise SubscriptionBehindError(
-                    f"relation {meta.name!r}: the subscription at frontier {lower} fell "
-                    f"behind since: compaction forwarded times before {b.since} (batch "
-                    f"[{b.lower}, {b.upper})), so updates it already delivered can no longer "
-                    "be told apart; start a new subscription from a snapshot at a time in "
-                    "[since, upper)")
-        for p, whole in view.parts(lower, upper - 1):
-            t = p.file.read()
-            tables.append(t if whole else filter_times(t, lower, upper - 1))
-        tables.extend(view.wal)
-    table = pa.concat_tables([t.cast(meta.update_schema) for t in tables]) if tables \
-        else meta.update_schema.empty_table()
-    return consolidate_updates(table, meta.row_columns, meta.sort_columns,
-                               context=f"subscription to {meta.name!r} [{lower}, {upper})")
+    name = files.name
+
+    def behind(b: BatchDesc) -> SubscriptionBehindError:
+        return SubscriptionBehindError(
+            f"relation {name!r}: the subscription at frontier {lower} fell behind since: "
+            f"compaction forwarded times before {b.since} (batch [{b.lower}, {b.upper})), so "
+            "updates it already delivered can no longer be told apart; start a new "
+            "subscription from a snapshot at a time in [since, upper)")
+
+    got = read_interval(files, lower, upper, behind=behind, lease=lease,
+                        segments=tail.read if tail is not None else None,
+                        what="subscription")
+    if tail is not None and upper < CLOSED:  # after CLOSED nothing is read again
+        tail.advance(upper, got.converted_through)
+    return got.updates
 
 
-def subscribe(layout: Layout, meta: RelationMeta, as_of: int, *, snapshot: bool = True,
+def subscribe(files: RelationFiles, as_of: object = None, *, snapshot: bool = True,
               stop: threading.Event | None = None,
               max_wait: float = 0.05) -> Iterator[pa.Table | Progress]:
-    """See the module docstring. Arguments are checked now, before the iterator is
-    returned; ``stop`` ends the iteration at the next wait."""
+    """See the module docstring (``as_of`` None: the latest readable time, or with
+    ``snapshot=False`` the upper less one: what is sealed from now on). Arguments are
+    checked now, before the iterator is returned; ``stop`` ends the iteration at the next
+    wait."""
     if not max_wait > 0:
         raise InvalidArgumentError(f"max_wait must be > 0 seconds, got {max_wait!r}")
-    upper, since = frontiers(layout.wal_dir(meta.name), meta.name)
+    upper, since = files.frontiers()
     if snapshot:
-        check_as_of(meta.name, as_of, upper=upper, since=since)
-    elif isinstance(as_of, bool) or not isinstance(as_of, int) or not -1 <= as_of < upper:
-        raise InvalidArgumentError(
-            f"relation {meta.name!r}: a subscription resumes after a Progress(u) it received, "
-            f"with as_of = u - 1 in [-1, upper - 1] = [-1, {upper - 1}]; got {as_of!r}")
-    return _run(layout, meta, as_of, upper=upper, snapshot=snapshot,
-                stop=stop or threading.Event(), max_wait=max_wait)
+        at = resolve_as_of(files, as_of, upper=upper, since=since)
+    else:
+        at = upper - 1 if as_of is None else time_arg(as_of, files.meta.time_unit, "as_of")
+        if not -1 <= at < upper:
+            raise InvalidArgumentError(
+                f"relation {files.name!r}: a subscription resumes after a Progress(u) it "
+                f"received, with as_of = u - 1 in [-1, upper - 1] = [-1, {upper - 1}]; got "
+                f"{as_of!r}")
+    lease = new_lease(files, "subscription")
+    items = _run(files, at, upper=upper, snapshot=snapshot, stop=stop or threading.Event(),
+                 max_wait=max_wait, lease=lease)
+    weakref.finalize(items, lease.release)  # an iterator dropped before its end
+    return items
 
 
-def _run(layout: Layout, meta: RelationMeta, as_of: int, *, upper: int, snapshot: bool,
-         stop: threading.Event, max_wait: float) -> Iterator[pa.Table | Progress]:
-    if snapshot:
-        reader = snapshot_batches(layout, meta, as_of, upper=upper, since=0)
-        for batch in reader:
-            if batch.num_rows:
-                yield _with_time(pa.Table.from_batches([batch]), as_of)
-    lower = as_of + 1
-    tail = TailCache(meta)
-    yield Progress(lower)
-    while lower < CLOSED:
-        seen = _signature(layout, meta.name)
-        upper = _frontiers(layout, meta)
-        wait = MIN_WAIT
-        while upper <= lower:
-            if stop.wait(wait):
+def _run(files: RelationFiles, as_of: int, *, upper: int, snapshot: bool,
+         stop: threading.Event, max_wait: float,
+         lease: Lease) -> Iterator[pa.Table | Progress]:
+    try:
+        if snapshot:
+            reader = snapshot_batches(files, as_of, upper=upper, since=0)
+            for batch in reader:
+                if batch.num_rows:
+                    yield _with_time(pa.Table.from_batches([batch]), as_of)
+        lower = as_of + 1
+        tail = TailCache(files.meta)
+        yield Progress(lower)
+        while lower < CLOSED:
+            seen = _signature(files)
+            upper = _upper(files)
+            wait = MIN_WAIT
+            while upper <= lower:
+                if stop.wait(wait):
+                    return
+                now = _signature(files)
+                if now == seen:
+                    wait = min(wait * 2, max_wait)
+                    continue
+                seen, wait = now, MIN_WAIT
+                upper = _upper(files)
+            table = interval_updates(files, lower, upper, tail, lease)
+            if table.num_rows:
+                yield table
+            yield Progress(upper)
+            lower = upper
+            if stop.is_set():
                 return
-            now = _signature(layout, meta.name)
-            if now == seen:
-                wait = min(wait * 2, max_wait)
-                continue
-            seen, wait = now, MIN_WAIT
-            upper = _frontiers(layout, meta)
-        table = interval_updates(layout, meta, lower, upper, tail)
-        if table.num_rows:
-            yield table
-        yield Progress(upper)
-        lower = upper
-        if stop.is_set():
-            return
+    finally:
+        lease.release()

@@ -4,8 +4,9 @@ Parts are sorted by key, and written in row groups of ``ROW_GROUP_ROWS`` rows wi
 statistics (lamina.trace.batch), so the row groups of one part cover narrow, ordered ranges
 of the first key column. A lookup:
 
-1. pins a consistent view with the state-first protocol (lamina.read.pin): the batches and
-   pending parts at or below ``as_of`` (opened, not read) and the WAL tail (decoded);
+1. pins a consistent view with the state-first protocol (:func:`lamina.read.view.pin`,
+   holding a lease): the batches and pending parts at or below ``as_of`` (opened, not
+   read) and the WAL tail (decoded);
 2. for each part, reads only the footer and then the key columns of the row groups whose
    first-key-column range ``[min, max]`` holds one of the looked-up values (a binary
    search over the sorted values; a row group without statistics is read), and the other
@@ -38,13 +39,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lamina.consolidate import consolidate
+from lamina.datadir import RelationFiles
 from lamina.errors import InvalidArgumentError, SchemaError
-from lamina.layout import Layout
 from lamina.objstore.base import ObjectStore
-from lamina.read import check_as_of, filter_times, loose, pin
+from lamina.read.snapshot import loose
+from lamina.read.view import OpenPart, filter_times, pin, resolve_as_of
 from lamina.schema import DIFF, TIME, RelationMeta
 from lamina.trace.batch import PartFile
-from lamina.trace.view import OpenPart
 
 
 def key_table(meta: RelationMeta, keys: pa.Table | Mapping[str, Any]) -> pa.Table:
@@ -186,11 +187,13 @@ class _Matcher:
         return table
 
 
-def lookup(layout: Layout, meta: RelationMeta, keys: pa.Table | Mapping[str, Any],
-           as_of: int, *, upper: int, since: int, index: KeyIndex | None = None) -> pa.Table:
-    """The rows of ``snapshot(as_of)`` whose key is one of ``keys`` (module docstring);
-    ``index`` keeps part footers between lookups."""
-    as_of = check_as_of(meta.name, as_of, upper=upper, since=since)
+def lookup(files: RelationFiles, keys: pa.Table | Mapping[str, Any], as_of: object, *,
+           upper: int, since: int, index: KeyIndex | None = None) -> pa.Table:
+    """The rows of ``snapshot(as_of)`` whose key is one of ``keys`` (module docstring;
+    ``as_of`` None: the latest readable time); ``index`` keeps part footers between
+    lookups."""
+    meta = files.meta
+    as_of = resolve_as_of(files, as_of, upper=upper, since=since)
     index = index or KeyIndex()
     matcher = _Matcher(meta, key_table(meta, keys), index)
     columns = [*meta.row_columns, TIME]
@@ -213,7 +216,7 @@ def lookup(layout: Layout, meta: RelationMeta, keys: pa.Table | Mapping[str, Any
             t = filter_times(t, 0, as_of)
         tables.append(t.drop_columns([TIME]))
 
-    with pin(layout, meta, 0, as_of, verify=False, footers=index.footer) as view:
+    with pin(files, 0, as_of, verify=False, footers=index.footer, what="lookup") as view:
         for p, whole in view.parts(0, as_of):
             take(p, whole)
         tables.extend(matcher.rows(t).drop_columns([TIME]) for t in view.wal)

@@ -16,12 +16,13 @@ log the compacter has not converted yet). :func:`snapshot_batches` merges them k
 
 Equal rows are never split across two emissions (a row below the bound leaves with every
 row equal to it), so each emitted row is final. Memory: one chunk per batch and pending part plus
-the WAL tail, whatever the relation's size; the output equals :func:`lamina.read.snapshot`
-row for row.
+the WAL tail, whatever the relation's size; the output equals
+:func:`lamina.read.snapshot.snapshot` row for row.
 
 The files are opened (and their CRC32C checked, streaming) before the first row is
-produced; an open file stays readable when the garbage collector unlinks it, so a slow
-consumer needs no grace period.
+produced. The reader holds a lease on the state it pinned until it is exhausted, closed or
+garbage-collected (renewed meanwhile, lamina.trace.lease), so the compacter collects none of
+its files however slowly it is consumed, on a local trace and on S3 alike.
 """
 
 from __future__ import annotations
@@ -33,10 +34,9 @@ from typing import Any
 import pyarrow as pa
 
 from lamina.consolidate import consolidate, sort, sum_adjacent
-from lamina.layout import Layout
-from lamina.read import check_as_of, filter_times, pin
+from lamina.datadir import RelationFiles
+from lamina.read.view import OpenPart, PinnedView, filter_times, pin, resolve_as_of
 from lamina.schema import DIFF, TIME, RelationMeta
-from lamina.trace.view import OpenPart, PinnedView
 
 CHUNK_ROWS = 1 << 15
 """Rows a source reads at a time (at most)."""
@@ -148,19 +148,20 @@ def merge_sorted(sources: list[Iterator[pa.Table]], meta: RelationMeta,
             yield from pa.Table.from_arrays(out.columns, schema=schema).to_batches()
 
 
-def snapshot_batches(layout: Layout, meta: RelationMeta, as_of: int, *, upper: int,
+def snapshot_batches(files: RelationFiles, as_of: object, *, upper: int,
                      since: int) -> pa.RecordBatchReader:
-    """A reader of the consolidated rows at ``as_of`` in key order (see the module
-    docstring). The files are opened now; they are closed when the reader is exhausted or
-    closed."""
-    as_of = check_as_of(meta.name, as_of, upper=upper, since=since)
-    view = pin(layout, meta, 0, as_of)
+    """A reader of the consolidated rows at ``as_of`` (None: the latest readable time) in
+    key order (see the module docstring). The files are opened now; they are closed, and
+    the lease released, when the reader is exhausted, closed or garbage-collected."""
+    meta = files.meta
+    at = resolve_as_of(files, as_of, upper=upper, since=since)
+    view = pin(files, 0, at, what="snapshot_reader")
     schema = output_schema(meta)
 
     def batches() -> Iterator[pa.RecordBatch]:
         try:
-            yield from merge_sorted(_sources(view, meta, as_of), meta, schema,
-                                    f"snapshot of {meta.name!r} at {as_of}")
+            yield from merge_sorted(_sources(view, meta, at), meta, schema,
+                                    f"snapshot of {meta.name!r} at {at}")
         finally:
             view.close()
 

@@ -1,0 +1,67 @@
+"""The snapshot: the consolidated rows at ``as_of``, in memory (``Relation.snapshot``).
+
+Trace parts are sorted by row (then time), so each is first summed run by run
+(:func:`lamina.consolidate.sum_adjacent`: neighbour comparisons, no hashing), which usually
+leaves about one row per distinct row and part; those sorted runs (and the WAL tail) are
+then merged by one sort, which Arrow does fast on presorted runs, and summed run by run
+again, one key range per core (:func:`lamina.consolidate.merge_runs`). Where
+``sum_adjacent`` declines (float row columns, sums that could leave int64)
+:func:`lamina.consolidate.consolidate` hashes instead; the rows are the same either way.
+
+A part whose every time is at or below ``as_of`` is read without its ``_time`` column;
+the others are read whole and filtered. Every part is checked against its CRC32C first
+(:class:`lamina.read.view.OpenPart`).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from lamina.consolidate import consolidate, merge_runs
+from lamina.datadir import RelationFiles
+from lamina.read.view import filter_times, pin, resolve_as_of
+from lamina.schema import TIME
+
+
+def loose(table: pa.Table) -> pa.Table:
+    """The same columns with nullable fields and no metadata, as consolidation returns."""
+    return pa.Table.from_arrays(table.columns, names=table.column_names)
+
+
+def _stored(files: RelationFiles, as_of: int) -> tuple[list[pa.Table], list[pa.Table]]:
+    """The relation's updates with ``_time <= as_of``, without the ``_time`` column: from
+    the trace (batch and pending parts, each sorted by row and time) and from the WAL tail
+    (in append order)."""
+    untimed = [c for c in files.meta.update_schema.names if c != TIME]
+    parts = []
+    with pin(files, 0, as_of, what="snapshot") as view:
+        for p, whole in view.parts(0, as_of):
+            if whole:
+                parts.append(p.file.read(columns=untimed))
+                continue
+            parts.append(filter_times(p.file.read(), 0, as_of).drop_columns([TIME]))
+        wal = [t.drop_columns([TIME]) for t in view.wal]
+    return parts, wal
+
+
+def snapshot(files: RelationFiles, as_of: object, *, upper: int, since: int) -> pa.Table:
+    """The consolidated rows at ``as_of`` (None: the latest readable time; the rules of
+    :func:`lamina.read.view.resolve_as_of`), ordered by the sort columns (module
+    docstring).
+
+    A row whose exact sum at ``as_of`` lies outside int64 (batches may keep such a sum as
+    a carry) raises DiffOverflowError naming it; the error's ``rest`` is this snapshot
+    without the offending rows and ``overflows`` those rows with their exact sums, so the
+    rest of the relation stays readable and nothing is dropped silently."""
+    meta = files.meta
+    at = resolve_as_of(files, as_of, upper=upper, since=since)
+    parts, wal = _stored(files, at)  # times at or before as_of
+    runs = [loose(t) for t in parts]
+    tail = [loose(t) for t in wal]
+    out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=pa.cpu_count())
+    if out is not None:
+        return out
+    table = pa.concat_tables([*runs, *tail]) if runs or tail else \
+        loose(meta.update_schema.empty_table().drop_columns([TIME]))
+    return consolidate(table, meta.row_columns, meta.sort_columns,
+                       context=f"snapshot of {meta.name!r} at {at}")
