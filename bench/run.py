@@ -178,7 +178,7 @@ def table() -> str:
         if (s := doc.get("steady")) is not None:
             row("Fan-out", f"conversion lag p99, s: {s['relations']:,} relations sealing "
                 f"every {s['seal_period_seconds']:.0f} s for {s['seconds']:.0f} s",
-                f"max {s['lag_p99_max']}, last third {s['lag_p99_last_third']}",
+                f"max {s['lag_p99_max']:.1f}, last third {s['lag_p99_last_third']:.1f}",
                 f"segment age {s['segment_max_age_seconds']:.0f} s", "-",
                 f"< {s['lag_target']:.0f}, not growing", _ok(s["met"]))
         source(doc)
