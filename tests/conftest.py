@@ -31,19 +31,40 @@ def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
     })
 
 
-# The suite runs on two pytest-xdist workers (pyproject.toml: -n 2 --dist loadgroup). A test
-# that uses one of these session-scoped fixtures joins that fixture's group, and a group runs
-# on one worker, so a run still starts one SparkSession, one PostgreSQL server and one S3
-# server; the other worker meanwhile runs what needs none of them.
-_GROUPS = {"spark": "spark", "pg_server": "postgres", "s3_server": "s3"}
+# The suite runs on pytest-xdist workers (pyproject.toml: -n 3 --dist load
+# --maxschedchunk 1), each with its own session-scoped SparkSession, PostgreSQL server and
+# S3 server, started when a test of that worker first needs one (a few seconds each,
+# against minutes of imbalance when one worker had to run every test of a server). A
+# worker holds at most two tests it has not started, taken in collection order, so the
+# order decides the tail: the longest tests first, each followed by a quick one, so that
+# no worker queues a long test behind another one and none is left with a drill at the
+# end while the others have nothing to do.
+#: the longest tests (about 2 to 5 minutes each on the CI machine), started first
+LONGEST = (
+    "tests/drill/test_drill.py::test_drill_100_kills_over_every_phase",
+    "tests/drill/test_drill.py::test_drill_with_the_trace_on_s3",
+    "tests/ingest/postgres/test_ingest_e2e.py::test_kill_9_and_restart_exactly_once",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        names = getattr(item, "fixturenames", ())
-        group = next((g for fixture, g in _GROUPS.items() if fixture in names), None)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    def rank(item: pytest.Item) -> int:
+        if item.nodeid in LONGEST:
+            return LONGEST.index(item.nodeid)
+        return len(LONGEST) if item.get_closest_marker("slow") else len(LONGEST) + 1
+
+    # a stable sort and a fixed interleaving: the same order in every worker, as xdist
+    # requires
+    ordered = sorted(items, key=rank)
+    slow = [i for i in ordered if rank(i) <= len(LONGEST)]
+    quick = [i for i in ordered if rank(i) > len(LONGEST)]
+    interleaved: list[pytest.Item] = []
+    for n, item in enumerate(slow):
+        interleaved.append(item)
+        if n < len(quick):
+            interleaved.append(quick[n])
+    interleaved.extend(quick[len(slow):])
+    items[:] = interleaved
 
 
 @pytest.fixture

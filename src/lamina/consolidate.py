@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lamina import columns
 from lamina.errors import DiffOverflowError
 from lamina.frontier import as_time
 from lamina.schema import DIFF, TIME
@@ -53,7 +54,7 @@ def forward(table: pa.Table, since: int) -> pa.Table:
     if since == 0 or table.num_rows == 0:
         return table
     times = table.column(TIME)
-    since_s = pa.scalar(as_time(since), pa.uint64())
+    since_s = columns.scalar(as_time(since), pa.uint64())
     forwarded = pc.if_else(pc.less(times, since_s), since_s, times)
     return table.set_column(table.schema.get_field_index(TIME), TIME, forwarded)
 
@@ -93,7 +94,7 @@ def consolidate(table: pa.Table, group_columns: Sequence[str], order: Sequence[s
         diffs = pc.cast(sums, pa.int64())
     out = pa.Table.from_arrays([*(grouped.column(c) for c in cols), diffs],
                                names=[*cols, DIFF])
-    out = out.filter(pc.not_equal(out.column(DIFF), 0))
+    out = out.filter(pc.not_equal(out.column(DIFF), columns.scalar(0, pa.int64())))
     return sort(out, order)
 
 
@@ -174,8 +175,7 @@ def _changes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if column.null_count:
         an, bn = pc.is_null(a), pc.is_null(b)
         ne = pc.if_else(pc.or_(an, bn), pc.xor(an, bn), ne)
-    out: np.ndarray = ne.to_numpy(zero_copy_only=False)
-    return out
+    return columns.numpy(ne)
 
 
 def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | None:
@@ -196,7 +196,7 @@ def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | No
     column = table.column(DIFF)
     if not _int64_sums_exact(column):
         return None
-    diffs = column.to_numpy()
+    diffs = columns.numpy(column)
     starts_mask = np.zeros(n, dtype=bool)
     starts_mask[0] = True
     for name in group_columns:
@@ -208,9 +208,9 @@ def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | No
         rows = table  # nothing to sum or drop (common when merging consolidated runs)
     else:  # a mask of the kept run starts: filtering is cheaper than taking by index
         starts_mask[starts[~keep]] = False
-        rows = table.filter(pa.array(starts_mask))
+        rows = table.filter(columns.array(starts_mask))
     return pa.Table.from_arrays(  # fields as consolidate() makes them (nullable, no metadata)
-        [pa.array(sums[keep]) if name == DIFF else rows.column(name)
+        [columns.array(sums[keep]) if name == DIFF else rows.column(name)
          for name in table.column_names], names=table.column_names)
 
 
@@ -325,5 +325,5 @@ def snapshot_of(table: pa.Table, as_of: int, row_columns: Sequence[str],
     """Rows whose diffs over updates with ``_time <= as_of`` sum to non-zero."""
     if table.num_rows:
         table = table.filter(pc.less_equal(table.column(TIME),
-                                           pa.scalar(as_of, pa.uint64())))
+                                           columns.scalar(as_of, pa.uint64())))
     return consolidate(table.drop_columns([TIME]), row_columns, sort_columns, context=context)

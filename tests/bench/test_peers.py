@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from bench.peers_contenders import CONTENDERS
 from bench.peers_stream import CELLS, appends, checksum, ensure
 
@@ -52,6 +53,7 @@ def test_the_stream_retracts_only_live_rows_and_its_checksum_is_the_live_rows() 
                       str(expected["checksum"])) == {}
 
 
+@pytest.mark.slow  # a daemon with Spark and Delta Lake, 1-1.5 min
 def test_the_quick_cell_runs_end_to_end_and_passes_the_gate(tmp_path: Path) -> None:
     """One round of every contender: all finish, all give the stream's checksum, the
     ratios against durable Delta are computed, and recovery lost no acknowledged append;

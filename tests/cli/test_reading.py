@@ -50,6 +50,34 @@ def test_as_of_defaults_to_the_latest_readable_time(tmp_path: Path) -> None:
     assert [_strict(x)["id"] for x in look.stdout.splitlines()] == [7]
 
 
+def test_as_of_of_a_millisecond_relation_takes_an_iso_timestamp(tmp_path: Path) -> None:
+    """A relation timed in epoch milliseconds reads ``--as-of`` as an ISO-8601 timestamp
+    with its zone (the same rows as the integer), and refuses one without a zone by
+    name."""
+    t0 = 1_795_000_000_000  # 2026-11-18T07:06:40Z
+    with Store.open(tmp_path) as store:
+        rel = store.create_relation("events", pa.schema([("id", pa.int64())]), key=["id"],
+                                    time_unit="ms")
+        rel.append(pa.table({"id": pa.array([1, 2, 1], pa.int64()),
+                             "_time": pa.array([t0, t0 + 1000, t0 + 1000], pa.uint64()),
+                             "_diff": pa.array([1, 1, -1], pa.int64())}))
+        rel.seal(t0 + 2000)
+    at = datetime.datetime.fromtimestamp(t0 / 1000, datetime.UTC)
+    runs = {text: lamina("snapshot", "events", "--as-of", text, "--format", "jsonl",
+                         "--data-dir", str(tmp_path))
+            for text in (at.isoformat(), at.strftime("%Y-%m-%dT%H:%M:%SZ"), str(t0),
+                         (at + datetime.timedelta(seconds=1)).isoformat())}
+    first, z, integer, later = runs.values()
+    assert first.returncode == z.returncode == integer.returncode == 0, first.stderr
+    assert [_strict(x)["id"] for x in first.stdout.splitlines()] == [1]
+    assert first.stdout == z.stdout == integer.stdout
+    assert [_strict(x)["id"] for x in later.stdout.splitlines()] == [2]
+    naive = lamina("snapshot", "events", "--as-of", "2026-11-18T07:06:40", "--data-dir",
+                   str(tmp_path))
+    assert naive.returncode == 2
+    assert b"ISO-8601 timestamp with its timezone" in naive.stderr
+
+
 def test_latest_of_a_relation_with_nothing_readable(tmp_path: Path) -> None:
     with Store.open(tmp_path) as store:
         store.create_relation("fresh", pa.schema([("id", pa.int64())]), key=["id"])

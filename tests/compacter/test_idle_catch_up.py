@@ -20,7 +20,7 @@ from lamina.drill.procs import DaemonProcess
 from lamina.store import Store
 from tests.conftest import ORDERS
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = pytest.mark.slow
 
 
 def batch(start: int, n: int, time_: int) -> pa.Table:
@@ -55,7 +55,9 @@ def test_closed_and_idle_coordinators_are_caught_up(tmp_path: Path) -> None:
         for t in range(20):
             rel.append(batch(t * 200, 200, t))
             rel.seal(t + 1)
-    with DaemonProcess(data, tmp_path / "daemon.log") as daemon:
+    # segment ages and catch-up are the pipeline's, not the executor's: no JVM needed
+    with DaemonProcess(data, tmp_path / "daemon.log",
+                       extra_env={"LAMINA_EXECUTOR": "inprocess"}) as daemon:
         daemon.wait_ready()
         wait_trace_at_upper(daemon, "closed", 20)
         # A live coordinator that goes idle: its next seal after the age finishes the segment.

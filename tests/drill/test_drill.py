@@ -266,6 +266,25 @@ def test_phases_cover_every_kill_kind() -> None:
     assert len(PHASES) == 9
 
 
+@pytest.mark.parametrize("executor", ["spark", "inprocess", "mixed"])
+def test_which_daemon_lives_run_spark(tmp_path: Path, executor: str) -> None:
+    """spark: every life; inprocess: none, and the pack point (Spark's own) is never
+    planned; mixed: the pack point, the first random kill and the final daemon."""
+    from lamina.drill import driver
+
+    drill = driver.Drill(tmp_path / "data", tmp_path, kills=20, seed=3, executor=executor)
+    modes = drill._daemon_modes(first=True)
+    assert ("compacter.pack_collected" in modes) is (executor != "inprocess")
+    spark = {m for m in [*modes, driver.RANDOM, "final"] if drill._runs_spark(m)}
+    expected = {"spark": {*modes, "final"}, "inprocess": set(),
+                "mixed": {"compacter.pack_collected", driver.RANDOM, "final"}}[executor]
+    assert spark == expected
+    if executor == "mixed":  # only the first random life
+        assert not drill._runs_spark(driver.RANDOM)
+    with pytest.raises(ValueError, match="executor must be one of"):
+        driver.Drill(tmp_path / "data", tmp_path, kills=1, seed=3, executor="local")
+
+
 # --- the command line --------------------------------------------------------------------------
 
 def lamina(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -418,6 +437,10 @@ CI_KILLS = 100
 CI_DAEMON_SHARE = 0.08  # 8 daemon lives: every daemon fail point once, one random kill
 CI_MAX_SECONDS = 420
 CI_RELATIONS = 12  # six per coordinator process: the daemon runs packs of many relations
+# Spark where the kill is about Spark (the pack point, a random kill, the final daemon), the
+# in-process executor for the other daemon fail points, which sit in the commit path both
+# executors share: three JVM start-ups instead of nine (docs/reliability.md)
+CI_EXECUTOR = "mixed"
 
 
 @pytest.mark.slow
@@ -432,7 +455,8 @@ def test_drill_100_kills_over_every_phase(tmp_path: Path) -> None:
         [LAMINA, "drill", "--data-dir", str(tmp_path / "data"), "--kills", str(CI_KILLS),
          "--seed", os.environ.get("LAMINA_DRILL_SEED", "20261122"),
          "--daemon-share", str(CI_DAEMON_SHARE), "--max-seconds", str(CI_MAX_SECONDS),
-         "--relations", str(CI_RELATIONS), "--report", str(report_path)],
+         "--relations", str(CI_RELATIONS), "--executor", CI_EXECUTOR,
+         "--report", str(report_path)],
         capture_output=True, text=True, timeout=CI_MAX_SECONDS + 420, check=False)
     took = time.monotonic() - started
     report = json.loads(report_path.read_text())
@@ -443,6 +467,9 @@ def test_drill_100_kills_over_every_phase(tmp_path: Path) -> None:
     assert report["total_kills"] >= CI_KILLS, detail
     phases = report["phases"]
     assert report["relations"] == CI_RELATIONS
+    lives = report["daemon_lives_by_executor"]
+    assert lives["spark"] >= 3, lives  # the pack point, a random kill, the final daemon
+    assert lives["inprocess"] >= 5, lives
     for phase in ("coordinator/random", "coordinator/wal-record", "daemon/pack",
                   "daemon/conversion", "daemon/merge", "daemon/state-publication",
                   "daemon/gc"):
@@ -469,7 +496,8 @@ def test_drill_with_the_trace_on_s3(tmp_path: Path, s3_bucket: str) -> None:
     out = subprocess.run(
         [LAMINA, "drill", "--data-dir", str(tmp_path / "data"), "--kills", "24",
          "--seed", "20261124", "--daemon-share", "0.35", "--max-seconds", "300",
-         "--coordinators", "1", "--trace-url", url, "--report", str(report_path)],
+         "--coordinators", "1", "--executor", "mixed", "--trace-url", url,
+         "--report", str(report_path)],
         capture_output=True, text=True, timeout=500, check=False)
     report = json.loads(report_path.read_text())
     detail = f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}\nlogs: {tmp_path}/data.drill"

@@ -258,7 +258,7 @@ class TraceMachine(RuleBasedStateMachine):
 
 
 TraceMachine.TestCase.settings = settings.get_profile("trace-state-machine")
-TestTraceMachine = TraceMachine.TestCase
+TestTraceMachine = pytest.mark.slow(TraceMachine.TestCase)  # about a minute
 
 
 class S3TraceMachine(TraceMachine):

@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--coordinators", type=int, default=2,
                        help="coordinator workloads killed in parallel, one relation each "
                        "(default 2)")
+    drill.add_argument("--executor", choices=["spark", "inprocess", "mixed"],
+                       default="spark",
+                       help="the executor of the daemon's lives (default spark: a JVM start "
+                       "per life); mixed runs Spark where the kill is about Spark (packs, "
+                       "one random kill, the final daemon) and the in-process executor for "
+                       "the other fail points, which both executors share")
     drill.add_argument("--trace-url", default=None,
                        help="keep the drill's traces here (s3://bucket/prefix; credentials "
                        "and endpoint from the AWS environment) instead of under the data "

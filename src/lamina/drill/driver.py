@@ -24,6 +24,14 @@ while a coordinator life costs about a second, so by default one kill in ten is 
 kill (``--daemon-share``), mostly at fail points: each point fires at a known step, so a
 few daemon lives cover every step.
 
+Which executor a daemon life runs (``--executor``): ``spark`` (the default) every life;
+``inprocess`` none (no JVM, a life is ready in about a second; the pack point, which only
+Spark's packs reach, is left out); ``mixed`` Spark where the kill is about Spark (the
+pack point, the first random kill, the final daemon) and the in-process executor for the
+other lives. The trace's and garbage collection's fail points sit in the commit path both
+executors share (lamina.trace.trace), so a mixed drill covers every phase with two or
+three JVM start-ups instead of one per life: the CI drill runs mixed.
+
 When all loops have their kills (or ``--max-seconds`` is near), the daemon runs without
 fail points, each workload runs once more to completion and seals beyond every time it
 wrote, the daemon catches up and stops with SIGTERM (which must exit 0), and the final
@@ -90,6 +98,9 @@ COORDINATOR_POINT_TIMEOUT = 30.0
 RANDOM_KILL_SPAN = 0.8  # random coordinator kills: up to this long after ready
 DAEMON_RANDOM_SPAN = 30.0  # random daemon kills: up to this long after ready
 FINAL_RESERVE = 60.0  # seconds --max-seconds keeps for the final phase
+EXECUTORS = ("spark", "inprocess", "mixed")
+#: fail points only the Spark executor reaches (a pack's job)
+SPARK_POINTS = frozenset({"compacter.pack_collected"})
 
 
 def phase_of(kind: str) -> str:
@@ -111,10 +122,12 @@ class DrillReport:
     coordinators: int = 1
     trace_url: str | None = None
     relations: int = 1
+    executor: str = "spark"
     kills: Counter[str] = field(default_factory=Counter)
     random_kill_context: Counter[str] = field(default_factory=Counter)
     points_missed: Counter[str] = field(default_factory=Counter)
     daemon_lives: int = 0
+    daemon_lives_by_executor: Counter[str] = field(default_factory=Counter)
     coordinator_lives: int = 0
     clean_coordinator_lives: int = 0
     daemon_ready_seconds: list[float] = field(default_factory=list)
@@ -161,6 +174,7 @@ class DrillReport:
             "max_seconds": self.max_seconds,
             "coordinators": self.coordinators,
             "relations": self.relations,
+            "executor": self.executor,
             "stopped_by_time_bound": self.stopped_by_time_bound,
             "coordinator_kills_done_at": self.coordinator_kills_done_at,
             "daemon_kills_done_at": self.daemon_kills_done_at,
@@ -170,6 +184,7 @@ class DrillReport:
             "random_kill_context": dict(sorted(self.random_kill_context.items())),
             "points_missed": dict(sorted(self.points_missed.items())),
             "daemon_lives": self.daemon_lives,
+            "daemon_lives_by_executor": dict(sorted(self.daemon_lives_by_executor.items())),
             "coordinator_lives": self.coordinator_lives,
             "clean_coordinator_lives": self.clean_coordinator_lives,
             "daemon_ready_seconds": summary(self.daemon_ready_seconds),
@@ -223,10 +238,16 @@ class Drill:
                  coordinators: int = 2, relations: int | None = None,
                  master: str = "local[2]",
                  progress: Callable[[DrillReport], None] | None = None,
-                 trace_url: str | None = None) -> None:
+                 trace_url: str | None = None, executor: str = "spark") -> None:
         """``relations``: how many relations the coordinators write in all (default: one
         each), spread evenly over them; with more than one each, a coordinator writes
-        ``<base>.0`` ... in one process."""
+        ``<base>.0`` ... in one process. ``executor``: one of :data:`EXECUTORS` (the
+        module docstring says which daemon lives run Spark)."""
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, "
+                             f"not {executor!r}")
+        self.executor = executor
+        self._spark_random_done = False
         self.data_dir = data_dir
         self.trace_url = trace_url
         self.work = work_dir
@@ -238,7 +259,7 @@ class Drill:
         self.report = DrillReport(seed=seed, data_dir=str(data_dir), kills_requested=kills,
                                   daemon_share=daemon_share, max_seconds=max_seconds,
                                   coordinators=coordinators, trace_url=trace_url,
-                                  relations=relations or coordinators)
+                                  relations=relations or coordinators, executor=executor)
         total = relations or coordinators
         self.coordinators = [
             _Coordinator(i, RELATION if i == 0 else f"{RELATION}-{i}",
@@ -420,7 +441,8 @@ class Drill:
         with one (so that as few as seven daemon kills cover every point), later blocks
         mix in two (a quarter of the daemon kills)."""
         rng = self._rng_daemon
-        block = sorted(DAEMON_POINTS)
+        block = sorted(p for p in DAEMON_POINTS
+                       if self.executor != "inprocess" or p not in SPARK_POINTS)
         rng.shuffle(block)
         if first:
             block.append(RANDOM)
@@ -441,7 +463,7 @@ class Drill:
                 self._daemon_life(life, modes)
             self._check_time()
             self._final_log_offset = _size(self.daemon_log)
-            self.final_daemon = self._start_daemon("final", {})
+            self.final_daemon = self._start_daemon("final", {}, "final")
             self._wait_ready(self.final_daemon, "final")
         except _Stop:
             return
@@ -450,10 +472,22 @@ class Drill:
         finally:
             self._daemon_done.set()
 
-    def _start_daemon(self, label: str, env: dict[str, str]) -> DaemonProcess:
+    def _runs_spark(self, mode: str) -> bool:
+        """Whether a daemon life in ``mode`` (a fail point, RANDOM, or "final") runs Spark."""
+        if self.executor != "mixed":
+            return self.executor == "spark"
+        if mode == RANDOM and not self._spark_random_done:
+            self._spark_random_done = True
+            return True
+        return mode == "final" or mode in SPARK_POINTS
+
+    def _start_daemon(self, label: str, env: dict[str, str], mode: str) -> DaemonProcess:
+        executor = "spark" if self._runs_spark(mode) else "inprocess"
+        env = {**env, "LAMINA_EXECUTOR": executor}
         with self.daemon_log.open("a") as f:
             f.write(f"=== drill: daemon life {label} {env} at {self._elapsed():.1f} s ===\n")
         self.report.daemon_lives += 1
+        self.report.daemon_lives_by_executor[executor] += 1
         return DaemonProcess(self.data_dir, self.daemon_log, master=self.master,
                              extra_env={**DAEMON_ENV, **env})
 
@@ -490,7 +524,7 @@ class Drill:
             env["LAMINA_FAILPOINTS"] = f"{point}=kill@{rng.randint(lo, hi)}"
         log_offset = _size(self.daemon_log)
         started = time.monotonic()
-        daemon = self._start_daemon(str(life), env)
+        daemon = self._start_daemon(str(life), env, mode)
         ready_at: float | None = None
         kill_at: float | None = None
         if point is None and rng.random() < 0.2:  # while Spark starts or during recovery
@@ -616,7 +650,7 @@ class Drill:
             return
         if daemon is None:
             offset = _size(self.daemon_log)
-            daemon = self.final_daemon = self._start_daemon("final", {})
+            daemon = self.final_daemon = self._start_daemon("final", {}, "final")
             self._wait_ready(daemon, "final")
         try:
             for c in self.coordinators:
@@ -716,7 +750,8 @@ def run_drill_cli(args: argparse.Namespace) -> int:
         drill = Drill(data_dir, work, kills=kills, seed=seed, daemon_share=share,
                       max_seconds=max_seconds, coordinators=coordinators,
                       relations=relations, progress=progress,
-                      trace_url=getattr(args, "trace_url", None))
+                      trace_url=getattr(args, "trace_url", None),
+                      executor=getattr(args, "executor", "spark"))
         report = drill.run()
     _print_summary(Console(), Table, report)
     doc = report.to_json()
@@ -745,7 +780,8 @@ def _print_summary(console: Any, table_cls: Any, report: DrillReport) -> None:
         f"acknowledged ops {report.acknowledged_ops}; in doubt after a kill: "
         f"{report.in_doubt_applied} applied, {report.in_doubt_not_applied} not; "
         f"live checks {report.live_checks}; snapshots checked {report.snapshots_checked}; "
-        f"daemon lives {report.daemon_lives} (ready after "
+        f"daemon lives {report.daemon_lives} "
+        f"{dict(report.daemon_lives_by_executor)} (ready after "
         f"{statistics.median(ready) if ready else 0:.1f} s median); coordinator lives "
         f"{report.coordinator_lives}; job retries {report.job_retries}",
         highlight=False)

@@ -5,7 +5,8 @@
 | ``GET /metrics`` | Prometheus exposition of the ingest registry (text 0.0.4, or OpenMetrics |
 |  | when the scraper's ``Accept`` asks for it) |
 | ``GET /healthz`` | ``200 ok`` while the process and its event loop live |
-| ``GET /readyz`` | ``200`` when every source is ``running``, else ``503`` and the reason |
+| ``GET /readyz`` | ``200`` when every source is ``running`` with no output stalled, else ``503`` |
+|  | naming the sources and outputs that are not |
 | ``GET /v1/sources`` | a JSON array, one object per source: ``name``, ``kind``, ``state``, |
 |  | ``error``, ``hint``, ``resume_frontier``, ``binding_time``, ``binding_upper``, |
 |  | ``source_upper``, ``committed``, ``transactions``, ``lag_offsets``, |

@@ -26,6 +26,7 @@ page checksums (written with every part) are verified for the pages read.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import threading
 from collections import OrderedDict
@@ -38,7 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lamina.consolidate import consolidate
+from lamina import columns
+from lamina.consolidate import consolidate, merge_runs
 from lamina.datadir import RelationFiles
 from lamina.errors import InvalidArgumentError, SchemaError
 from lamina.objstore.base import ObjectStore
@@ -55,7 +57,8 @@ def key_table(meta: RelationMeta, keys: pa.Table | Mapping[str, Any]) -> pa.Tabl
                                    "needs them (read a snapshot instead)")
     if not isinstance(keys, pa.Table):
         try:
-            keys = pa.table(keys)
+            keys = pa.table({name: _int_list(values) for name, values in keys.items()}
+                             if isinstance(keys, Mapping) else keys)
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"keys must be a pyarrow.Table of the key columns "
                                        f"{list(meta.key)} or a mapping pa.table() accepts: "
@@ -71,6 +74,16 @@ def key_table(meta: RelationMeta, keys: pa.Table | Mapping[str, Any]) -> pa.Tabl
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise SchemaError(f"key column {name!r} cannot be cast to {target}: {exc}") from exc
     return pa.Table.from_arrays(arrays, names=list(meta.key))
+
+
+def _int_list(values: Any) -> Any:
+    """A list of Python ints as an int64 array built through numpy (pa.table() would
+    import pandas on the way, half a second in a cold process: lamina.columns); anything
+    else as given."""
+    if isinstance(values, list) and values and all(type(v) is int for v in values):
+        with contextlib.suppress(OverflowError):
+            return columns.array(np.asarray(values, dtype=np.int64))
+    return values
 
 
 @dataclass(frozen=True)
@@ -183,7 +196,7 @@ class _Matcher:
         if len(self.key) > 1 and table.num_rows:  # the columns matched, now the tuples
             exact = [tuple(r[k] for k in self.key) in self.tuples
                      for r in table.select(self.key).to_pylist()]
-            table = table.filter(pa.array(exact, pa.bool_()))
+            table = table.filter(columns.array(np.array(exact, dtype=np.bool_)))
         return table
 
 
@@ -196,7 +209,7 @@ def lookup(files: RelationFiles, keys: pa.Table | Mapping[str, Any], as_of: obje
     as_of = resolve_as_of(files, as_of, upper=upper, since=since)
     index = index or KeyIndex()
     matcher = _Matcher(meta, key_table(meta, keys), index)
-    columns = [*meta.row_columns, TIME]
+    wanted = [*meta.row_columns, TIME]
     tables: list[pa.Table] = []
 
     def take(part: OpenPart, whole: bool) -> None:
@@ -206,12 +219,12 @@ def lookup(files: RelationFiles, keys: pa.Table | Mapping[str, Any], as_of: obje
         # the key columns first; the other columns only of the groups that hold a key
         keys = part.file.read_row_groups(groups, columns=matcher.key)
         sizes = [part.file.metadata.row_group(g).num_rows for g in groups]
-        hit = matcher.mask(keys).to_numpy(zero_copy_only=False)
+        hit = columns.numpy(matcher.mask(keys))
         starts = np.cumsum([0, *sizes])
         groups = [g for i, g in enumerate(groups) if hit[starts[i]:starts[i + 1]].any()]
         if not groups:
             return
-        t = matcher.rows(part.file.read_row_groups(groups, columns=[*columns, DIFF]))
+        t = matcher.rows(part.file.read_row_groups(groups, columns=[*wanted, DIFF]))
         if not whole:
             t = filter_times(t, 0, as_of)
         tables.append(t.drop_columns([TIME]))
@@ -219,8 +232,13 @@ def lookup(files: RelationFiles, keys: pa.Table | Mapping[str, Any], as_of: obje
     with pin(files, 0, as_of, verify=False, footers=index.footer, what="lookup") as view:
         for p, whole in view.parts(0, as_of):
             take(p, whole)
-        tables.extend(matcher.rows(t).drop_columns([TIME]) for t in view.wal)
-    table = pa.concat_tables([loose(t) for t in tables]) if tables else \
+        wal = [matcher.rows(t).drop_columns([TIME]) for t in view.wal]
+    # parts are sorted runs (a filter keeps their order), the WAL tail is not
+    runs, tail = [loose(t) for t in tables], [loose(t) for t in wal]
+    out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns)
+    if out is not None:
+        return out
+    table = pa.concat_tables([*runs, *tail]) if runs or tail else \
         loose(meta.update_schema.empty_table().drop_columns([TIME]))
     return consolidate(table, meta.row_columns, meta.sort_columns,
                        context=f"lookup in {meta.name!r} at {as_of}")

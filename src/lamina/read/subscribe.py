@@ -62,6 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from lamina import columns
 from lamina.datadir import RelationFiles
 from lamina.errors import (
     InvalidArgumentError,
@@ -113,7 +114,7 @@ def _upper(files: RelationFiles) -> int:
 
 
 def _with_time(table: pa.Table, as_of: int) -> pa.Table:
-    times = pa.array(np.full(table.num_rows, as_of, dtype=np.uint64))
+    times = columns.array(np.full(table.num_rows, as_of, dtype=np.uint64))
     return table.add_column(table.num_columns - 1, TIME, times)
 
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lamina import columns
 from lamina.datadir import RelationFiles
 from lamina.errors import AsOfOutOfRangeError, CorruptionError, StorageError
 from lamina.frontier import as_time, fmt, time_arg
@@ -64,9 +65,9 @@ def filter_times(table: pa.Table, lo: int, hi: int) -> pa.Table:
     """The rows of an update table with ``lo <= _time <= hi`` (``hi`` may be a frontier's
     ``CLOSED``, which bounds nothing)."""
     times = table.column(TIME)
-    keep = pc.less_equal(times, pa.scalar(as_time(hi), pa.uint64()))
+    keep = pc.less_equal(times, columns.scalar(as_time(hi), pa.uint64()))
     if lo > 0:
-        keep = pc.and_(pc.greater_equal(times, pa.scalar(lo, pa.uint64())), keep)
+        keep = pc.and_(pc.greater_equal(times, columns.scalar(lo, pa.uint64())), keep)
     return table.filter(keep)
 
 

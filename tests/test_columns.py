@@ -1,0 +1,98 @@
+"""lamina.columns: numpy to and from Arrow without pandas, and a cold read that never
+imports pandas (a fresh interpreter's first snapshot, lookup and subscription snapshot)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lamina import Store, columns
+from lamina.datadir import DataDir
+from lamina.trace.trace import Trace
+from tests.trace.helpers import convert
+
+SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint64, np.float64])
+def test_numbers_round_trip(dtype: type) -> None:
+    values = np.arange(-3, 7).astype(dtype)
+    arr = columns.array(values)
+    assert arr.equals(pa.array(values))
+    assert np.array_equal(columns.numpy(arr), values)
+    assert np.array_equal(columns.numpy(arr.slice(2, 5)), values[2:7])  # an offset
+    chunked = pa.chunked_array([arr, arr.slice(4)])
+    assert np.array_equal(columns.numpy(chunked), np.concatenate([values, values[4:]]))
+
+
+def test_booleans_round_trip_through_bits() -> None:
+    values = np.array([True, False, True, True, False, False, True, False, True, True])
+    arr = columns.array(values)
+    assert arr.equals(pa.array(values))
+    assert np.array_equal(columns.numpy(arr.slice(3, 6)), values[3:9])
+    assert columns.numpy(pa.chunked_array([], pa.bool_())).dtype == np.bool_
+
+
+def test_scalars_and_conversions_to_another_type() -> None:
+    assert columns.scalar(2**64 - 1, pa.uint64()).equals(pa.scalar(2**64 - 1, pa.uint64()))
+    assert columns.array(np.arange(3), pa.uint64()).type == pa.uint64()
+
+
+def test_what_it_cannot_do_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="holds nulls"):
+        columns.numpy(pa.array([1, None], pa.int64()))
+    with pytest.raises(TypeError, match="not a primitive numeric type"):
+        columns.numpy(pa.array(["a"]))
+    with pytest.raises(TypeError, match="not a primitive numeric type"):
+        columns.array(np.arange(3), pa.string())
+
+
+def _store_with_trace_and_wal(root: Path) -> None:
+    """A relation whose older updates are trace batches (converted and merged by the
+    reference executor) and whose newest are still in the WAL."""
+    rng = np.random.default_rng(5)
+    with Store.open(root, segment_bytes=64 << 10) as store:
+        rel = store.create_relation("t", SCHEMA, key=["id"])
+        for t in range(6):
+            ids = rng.integers(0, 2000, 3000)
+            rel.append(pa.table({
+                "id": ids, "item": pa.array([f"x{i % 7}" for i in ids.tolist()]),
+                "_time": pa.array(np.full(len(ids), t, dtype=np.uint64)),
+                "_diff": np.where(ids % 5 == 0, -1, 1)}))
+            rel.seal(t + 1)
+    layout = DataDir(root)
+    files = layout.relation("t")
+    trace = Trace.open(layout.trace_store("t"), files.meta)
+    assert convert(trace, layout.wal_dir("t"), per_plan=2, limit=4) >= 1
+    assert trace.state.batches
+
+
+def test_a_cold_read_does_not_import_pandas(tmp_path: Path) -> None:
+    """pandas is installed here (PySpark wants it), and importing it costs more than a
+    whole cold snapshot: a fresh interpreter reads without it. The same reads in this
+    process give the answer the child printed."""
+    root = tmp_path / "data"
+    _store_with_trace_and_wal(root)
+    child = textwrap.dedent(f"""
+        import sys
+        from lamina import Store
+        with Store.open({str(root)!r}, read_only=True) as store:
+            rel = store.relation("t")
+            snap = rel.snapshot()
+            old = rel.snapshot(as_of=2)
+            hits = rel.lookup({{"id": [0, 1, 2, 3]}})
+        print(snap.num_rows, old.num_rows, hits.num_rows, "pandas" in sys.modules)
+        """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True, timeout=120)
+    with Store.open(root, read_only=True) as store:
+        rel = store.relation("t")
+        want = (f"{rel.snapshot().num_rows} {rel.snapshot(as_of=2).num_rows} "
+                f"{rel.lookup({'id': [0, 1, 2, 3]}).num_rows} False")
+    assert out.stdout.split("\n")[0] == want, out.stderr
