@@ -355,6 +355,11 @@ def test_relations_come_and_go_while_it_runs(tmp_path: Path, spark: Any) -> None
 
     logs = asyncio.run(run())
     assert not [e for e in logs if e["log_level"] == "error"]
-    assert sum(e["event"] == "relation.forgotten" for e in logs) == len(dropped)
+    # a relation dropped before the daemon's poll found it (the last ones created, on a
+    # busy machine) has nothing to forget; every one it had taken up is forgotten once
+    recovered = {e["relation"] for e in logs if e["event"] == "relation.recovered"}
+    forgotten = [e["relation"] for e in logs if e["event"] == "relation.forgotten"]
+    assert sorted(forgotten) == sorted(dropped & recovered)
+    assert len(forgotten) >= len(dropped) // 2  # most were dropped under the running daemon
     assert max(e["steps"] for e in logs if e["event"] == "pack.finished") > 1
     _check(tmp_path, {n: o for n, o in oracles.items() if n not in dropped})

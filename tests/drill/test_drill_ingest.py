@@ -62,14 +62,17 @@ def test_check_catches_a_doubled_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.spark  # the compacter daemon, a Spark process of its own
 def test_small_ingest_drill_finds_nothing(tmp_path: Path) -> None:
+    """The daemon alongside runs the in-process executor: what is drilled is ingest's
+    exactly-once across kills; the daemon only has to convert the output at the end."""
     report = tmp_path / "report.json"
     proc = subprocess.run([LAMINA, "drill", "--ingest", "files", "--kills", "8", "--seed",
-                           "5", "--data-dir", str(tmp_path / "data"), "--report", str(report)],
+                           "5", "--executor", "inprocess", "--data-dir",
+                           str(tmp_path / "data"), "--report", str(report)],
                           capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(report.read_text())
+    assert doc["executor"] == "inprocess"
     assert doc["violations"] == []
     assert doc["total_kills"] == 8
     assert set(doc["kills"]) == {RANDOM, *POINTS}, doc["kills"]
@@ -77,3 +80,12 @@ def test_small_ingest_drill_finds_nothing(tmp_path: Path) -> None:
     assert doc["rows_checked"] == doc["lines_written"]
     assert doc["daemon_caught_up"] is True
     assert doc["upper_checks"] == 8
+
+
+def test_the_ingest_drill_refuses_a_mixed_executor(tmp_path: Path) -> None:
+    proc = subprocess.run([LAMINA, "drill", "--ingest", "files", "--executor", "mixed",
+                           "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "--executor mixed is for the store drill" in proc.stderr
+    assert not (tmp_path / "data").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pyarrow as pa
@@ -70,6 +71,31 @@ def test_postgres_defaults_follow_the_design(tmp_path: Path) -> None:
     assert src.outputs() == {"public.orders": "shop.orders", "public.customers": "shop.customers"}
     assert src.timestamp_interval_seconds == 1.0
     assert s.segment_max_age_seconds == 60.0  # Store.open's default
+
+
+def test_retention_defaults_to_an_hour_and_a_table_can_set_its_own(tmp_path: Path) -> None:
+    """``retain_history_seconds``: 3600 unless set; a source's value applies to each of its
+    tables, a table's own (``inf`` included) to that table alone, and so does
+    ``on_truncate``."""
+    text = PG.replace('tables = ["public.orders", "customers"]', """\
+retain_history_seconds = 60
+on_truncate = "stall"
+[sources.tables]
+"public.orders" = {}
+"public.events" = { relation = "events", retain_history_seconds = inf }
+"public.audit" = { retain_history_seconds = 0, on_truncate = "retract" }""")
+    src = load_settings(write(tmp_path, text), env={}).sources[0]
+    assert isinstance(src, PostgresSourceSettings)
+    out = src.output_settings()
+    assert {t: (o.relation, o.retention.seconds, o.on_truncate) for t, o in out.items()} == {
+        "public.orders": ("shop.orders", 60.0, "stall"),
+        "public.events": ("events", math.inf, "stall"),
+        "public.audit": ("shop.audit", 0.0, "retract")}
+    assert out["public.events"].retention.since_at(10**9, 0) is None  # never moves
+    assert out["public.audit"].retention.since_at(5000, 0) == 5000    # newest time only
+    default = load_settings(write(tmp_path, PG), env={}).sources[0]
+    assert isinstance(default, PostgresSourceSettings)
+    assert {o.retention.seconds for o in default.output_settings().values()} == {3600.0}
 
 
 @pytest.mark.parametrize(("text", "needle"), [

@@ -11,7 +11,9 @@ One data directory, three actors (see docs/reliability.md):
   after its source logged ``source.running``, or let it kill itself at an ``ingest.*``
   fail point (``kill@N``: binding sealed, outputs appended, outputs sealed, offset
   committed). After each kill the output's upper, read from disk, must not have gone back;
-- the **compacter daemon** (``lamina serve``, Spark ``local[2]``) runs throughout. It
+- the **compacter daemon** (``lamina serve``, Spark ``local[2]``, or with ``--executor
+  inprocess`` the in-process executor: this drill is about ingest, not the executor) runs
+  throughout. It
   converts a WAL segment once it is finished, and ``lamina ingest`` (no segment setting:
   64 MiB or 60 s) finishes one only on a clean stop, so in a short drill it converts the
   output and the remap relation at the end (see docs/reliability.md).
@@ -158,7 +160,12 @@ def _upper(data_dir: Path) -> int:
 
 class IngestDrill:
     def __init__(self, data_dir: Path, work_dir: Path, *, kills: int, seed: int,
-                 max_seconds: float | None = None, daemon: bool = True) -> None:
+                 max_seconds: float | None = None, daemon: bool = True,
+                 executor: str = "spark") -> None:
+        if executor not in ("spark", "inprocess"):
+            raise ValueError(f"the ingest drill runs one daemon life: executor 'spark' or "
+                             f"'inprocess', not {executor!r}")
+        self.executor = executor
         self.data_dir = data_dir
         self.work = work_dir
         self.kills = kills
@@ -249,7 +256,8 @@ class IngestDrill:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         daemon = None
         if self.report.daemon:
-            daemon = DaemonProcess(self.data_dir, self.daemon_log)
+            daemon = DaemonProcess(self.data_dir, self.daemon_log,
+                                   extra_env={"LAMINA_EXECUTOR": self.executor})
         writer = _Writer(self.input, random.Random(self.rng.random()))
         writer.thread.start()
         try:
@@ -368,6 +376,11 @@ def run_ingest_drill_cli(args: argparse.Namespace) -> int:
 
     from lamina.drill.workdirs import drill_dirs
 
+    executor = getattr(args, "executor", "spark")
+    if executor == "mixed":
+        print("lamina drill: --executor mixed is for the store drill; --ingest runs one "
+              "daemon life: pass spark or inprocess", file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     dirs = drill_dirs(args.data_dir, "lamina-drill-ingest-")
     if dirs is None:
@@ -375,9 +388,10 @@ def run_ingest_drill_cli(args: argparse.Namespace) -> int:
     data_dir, work, scratch = dirs
     drill = IngestDrill(data_dir, work, kills=args.kills, seed=seed,
                         max_seconds=getattr(args, "max_seconds", None),
-                        daemon=not getattr(args, "no_daemon", False))
+                        daemon=not getattr(args, "no_daemon", False), executor=executor)
     report = drill.run()
     doc = report.to_json()
+    doc["executor"] = executor
     doc["work_dir"] = str(work)
     print(f"lamina drill --ingest files: seed {seed}, {report.seconds} s, kills "
           f"{report.total_kills} ({', '.join(f'{k} {n}' for k, n in sorted(report.kills.items()))}"

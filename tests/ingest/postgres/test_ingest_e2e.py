@@ -147,6 +147,38 @@ def test_stalls_only_the_broken_outputs_and_readyz_names_them(
         proc.kill()
 
 
+def test_a_refused_login_is_retried_until_the_role_exists(pg: PgServer,
+                                                         tmp_path: Path) -> None:
+    """A login the server refuses (here a role not created yet) is a transient error, as
+    docs/ingestion.md says: the source stays ``starting`` with the error showing, /readyz
+    is 503, ``source.retrying`` is logged; once the role exists the same process snapshots
+    and streams, no restart needed."""
+    role = f"late_{pg.dbname}"
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)", "ALTER TABLE t REPLICA IDENTITY FULL",
+               "INSERT INTO t VALUES (1), (2)")
+    data = tmp_path / "data"
+    dsn = pg.dsn.replace("user=postgres", f"user={role}")
+    cfg = write_config(tmp_path / "ingest.toml", data, [pg_source_toml("s", dsn, ["public.t"])])
+    proc = Ingest(cfg, tmp_path / "ingest.log")
+    try:
+        assert proc.wait_event("source.retrying"), proc.log.read_text()[-3000:]
+        st = proc.sources()["s"]
+        assert st["state"] == "starting", st
+        assert f'role "{role}" does not exist' in (st["error"] or ""), st
+        status, body = proc.get("/readyz")
+        assert status == 503, body
+        pg.execute(f"CREATE ROLE {role} LOGIN REPLICATION SUPERUSER")
+        pg.execute("INSERT INTO t VALUES (3)")
+        proc.wait_for(lambda st: st["s"]["state"] == "running", timeout=60)
+        wait_equal(pg, data, "s.t", "t", "id", proc=proc, timeout=60)
+        assert proc.sources()["s"]["error"] is None
+    finally:
+        proc.kill()
+        pg.drop_database()  # its slot and publication, which the role owns
+        with pg.connect("postgres") as conn:
+            conn.cursor().execute(f"DROP ROLE IF EXISTS {role}")
+
+
 def test_lag_rises_while_ingest_is_stopped_and_falls_after(pg: PgServer,
                                                            tmp_path: Path) -> None:
     pg.execute("CREATE TABLE t (id int PRIMARY KEY)", "ALTER TABLE t REPLICA IDENTITY FULL")
