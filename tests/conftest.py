@@ -31,7 +31,7 @@ def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
     })
 
 
-# The suite runs on pytest-xdist workers (pyproject.toml: -n 3 --dist load
+# The suite runs on pytest-xdist workers (pyproject.toml: -n 4 --dist load
 # --maxschedchunk 1), each with its own session-scoped SparkSession, PostgreSQL server and
 # S3 server, started when a test of that worker first needs one (a few seconds each,
 # against minutes of imbalance when one worker had to run every test of a server). A
@@ -39,11 +39,12 @@ def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
 # order decides the tail: the longest tests first, each followed by a quick one, so that
 # no worker queues a long test behind another one and none is left with a drill at the
 # end while the others have nothing to do.
-#: the longest tests (about 2 to 5 minutes each on the CI machine), started first
+#: the longest tests (about 2 to 5 minutes each on a 2-core machine), one per worker, first
 LONGEST = (
     "tests/drill/test_drill.py::test_drill_100_kills_over_every_phase",
     "tests/drill/test_drill.py::test_drill_with_the_trace_on_s3",
     "tests/ingest/postgres/test_ingest_e2e.py::test_kill_9_and_restart_exactly_once",
+    "tests/compacter/test_bounded_memory.py::test_backlog_four_times_the_driver_memory_converts",
 )
 
 

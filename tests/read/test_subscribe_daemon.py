@@ -1,8 +1,5 @@
-"""A subscription against the oracle while the real daemon converts, merges and collects
-underneath (GC grace 2 s, so files named by old states really vanish). The daemon runs the
-in-process executor: the subscription races the trace's commits and deletions, which both
-executors make through the same code (lamina.trace.trace), and a JVM start-up would add
-nothing to what this shows."""
+"""A subscription against the oracle while the real daemon (real Spark) converts, merges
+and collects underneath (GC grace 2 s, so files named by old states really vanish)."""
 
 from __future__ import annotations
 
@@ -22,14 +19,13 @@ from tests.read.data import random_rows
 from tests.read.test_subscribe import Acc, accumulate, state_at
 from tests.trace.helpers import KEY, NAME, SCHEMA, Oracle
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 def test_subscription_under_the_daemon(tmp_path: Path) -> None:
     data = tmp_path / "data"
     rng = random.Random(3)
-    with DaemonProcess(data, tmp_path / "daemon.log",
-                       extra_env={"LAMINA_EXECUTOR": "inprocess"}) as daemon:
+    with DaemonProcess(data, tmp_path / "daemon.log") as daemon:
         daemon.wait_ready()
         with Store.open(data, segment_bytes=4096, fsync="never") as store:
             rel = store.create_relation(NAME, SCHEMA, KEY)
