@@ -111,16 +111,22 @@ def test_stdlib_loggers_are_routed_and_noisy_ones_held_at_warning() -> None:
 def test_noisy_packages_logging_through_the_root_logger_are_held_too() -> None:
     """py4j logs "Exception while sending command." with a traceback at INFO through the
     root logger (``logging.info``) when the JVM is gone: held like its own loggers, while
-    its warnings and everyone else's root records still pass."""
+    its warnings and everyone else's root records still pass. When it cannot retry it logs
+    the line at ERROR (``logging.exception``, seen when a stop signal to the process group
+    killed the JVM amid a pack): that passes as a warning, and only py4j's does."""
     buf = io.StringIO()
     configure_logging("json", "info", stream=buf)
     root = logging.getLogger()
     gateway = "/venv/lib/python3.11/site-packages/py4j/java_gateway.py"
     for level, path, msg in ((logging.INFO, gateway, "Exception while sending command."),
                              (logging.WARNING, gateway, "gateway gone"),
-                             (logging.INFO, "/app/main.py", "an app's own line")):
+                             (logging.ERROR, gateway, "cannot retry"),
+                             (logging.INFO, "/app/main.py", "an app's own line"),
+                             (logging.ERROR, "/app/main.py", "an app's own error")):
         root.handle(root.makeRecord("root", level, path, 1, msg, (), None))
-    assert [r["event"] for r in lines(buf)] == ["gateway gone", "an app's own line"]
+    assert [(r["event"], r["level"]) for r in lines(buf)] == [
+        ("gateway gone", "warning"), ("cannot retry", "warning"),
+        ("an app's own line", "info"), ("an app's own error", "error")]
 
 
 def test_auto_is_json_off_a_tty_and_console_on_one() -> None:

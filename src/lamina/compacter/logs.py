@@ -74,12 +74,19 @@ class _NoisyModules(logging.Filter):
     """Holds records of the noisy packages below WARNING even when they log through the
     root logger, as py4j does (``logging.info("Exception while sending command.",
     exc_info=True)`` when the JVM is gone, e.g. after a stop signal to the process group):
-    a logger's level cannot catch those."""
+    a logger's level cannot catch those. When py4j cannot retry it logs the same line with
+    ``logging.exception``; that record is passed as a warning, since the call that failed
+    raises and lamina logs what follows from it at the level it deserves (a failed job is
+    retried, ``spark.stop_failed`` at a stop). ``error`` is for what an operator must act
+    on (docs/operations.md)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING or record.name != "root":
+        if record.name != "root" or not any(f"/{name}/" in record.pathname
+                                            for name in NOISY_LOGGERS):
             return True
-        return not any(f"/{name}/" in record.pathname for name in NOISY_LOGGERS)
+        if record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return record.levelno >= logging.WARNING
 
 
 def configure_logging(fmt: Literal["auto", "json", "console"], level: str, *,
