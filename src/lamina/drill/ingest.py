@@ -14,9 +14,8 @@ One data directory, three actors (see docs/reliability.md):
 - the **compacter daemon** (``lamina serve``, Spark ``local[2]``, or with ``--executor
   inprocess`` the in-process executor: this drill is about ingest, not the executor) runs
   throughout. It converts a WAL segment once it is finished, and ``lamina ingest`` (no
-  segment setting:
-  64 MiB or 60 s) finishes one only on a clean stop, so in a short drill it converts the
-  output and the remap relation at the end (see docs/reliability.md).
+  segment setting: 64 MiB or 60 s) finishes one only on a clean stop, so in a short drill
+  it converts the output and the remap relation at the end (see docs/reliability.md).
 
 Then the writer stops, ``lamina ingest`` runs once more without fail points until the output
 holds as many rows as the writer wrote lines, and stops on SIGTERM (exit 0, finishing its
