@@ -40,11 +40,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lamina import columns
-from lamina.consolidate import consolidate, merge_runs
 from lamina.datadir import RelationFiles
 from lamina.errors import InvalidArgumentError, SchemaError
 from lamina.objstore.base import ObjectStore
-from lamina.read.snapshot import loose
+from lamina.read.snapshot import consolidated
 from lamina.read.view import OpenPart, filter_times, pin, resolve_as_of
 from lamina.schema import DIFF, TIME, RelationMeta
 from lamina.trace.batch import PartFile
@@ -233,12 +232,5 @@ def lookup(files: RelationFiles, keys: pa.Table | Mapping[str, Any], as_of: obje
         for p, whole in view.parts(0, as_of):
             take(p, whole)
         wal = [matcher.rows(t).drop_columns([TIME]) for t in view.wal]
-    # parts are sorted runs (a filter keeps their order), the WAL tail is not
-    runs, tail = [loose(t) for t in tables], [loose(t) for t in wal]
-    out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns)
-    if out is not None:
-        return out
-    table = pa.concat_tables([*runs, *tail]) if runs or tail else \
-        loose(meta.update_schema.empty_table().drop_columns([TIME]))
-    return consolidate(table, meta.row_columns, meta.sort_columns,
-                       context=f"lookup in {meta.name!r} at {as_of}")
+    # the parts' rows are sorted runs (a filter keeps their order), the WAL tail's are not
+    return consolidated(meta, tables, wal, context=f"lookup in {meta.name!r} at {as_of}")

@@ -20,7 +20,7 @@ import pyarrow as pa
 from lamina.consolidate import consolidate, merge_runs
 from lamina.datadir import RelationFiles
 from lamina.read.view import filter_times, pin, resolve_as_of
-from lamina.schema import TIME
+from lamina.schema import TIME, RelationMeta
 
 
 def loose(table: pa.Table) -> pa.Table:
@@ -56,12 +56,21 @@ def snapshot(files: RelationFiles, as_of: object, *, upper: int, since: int) -> 
     meta = files.meta
     at = resolve_as_of(files, as_of, upper=upper, since=since)
     parts, wal = _stored(files, at)  # times at or before as_of
+    return consolidated(meta, parts, wal, context=f"snapshot of {meta.name!r} at {at}",
+                        workers=pa.cpu_count())
+
+
+def consolidated(meta: RelationMeta, parts: list[pa.Table], wal: list[pa.Table], *,
+                 context: str, workers: int = 1) -> pa.Table:
+    """The consolidated rows of untimed updates: ``parts`` each sorted by row (trace parts,
+    or rows filtered out of them in order), ``wal`` in any order. The sorted runs are
+    merged (:func:`lamina.consolidate.merge_runs`, on ``workers`` threads); where that
+    declines, a hash consolidation does it (``context`` names the read in its errors)."""
     runs = [loose(t) for t in parts]
     tail = [loose(t) for t in wal]
-    out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=pa.cpu_count())
+    out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=workers)
     if out is not None:
         return out
     table = pa.concat_tables([*runs, *tail]) if runs or tail else \
         loose(meta.update_schema.empty_table().drop_columns([TIME]))
-    return consolidate(table, meta.row_columns, meta.sort_columns,
-                       context=f"snapshot of {meta.name!r} at {at}")
+    return consolidate(table, meta.row_columns, meta.sort_columns, context=context)
