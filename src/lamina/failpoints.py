@@ -122,8 +122,9 @@ ACTIVE: dict[str, _Point] = {}
 CONFIG = _Config()
 
 
-def _read_env() -> None:
-    """Note the environment's settings without parsing them (safe at import)."""
+def read_env() -> None:
+    """Note the environment's settings without parsing them (safe at import; a process
+    forked after the import, as the tests' fork server's children, calls it again)."""
     CONFIG.env_spec = os.environ.get(ENV) or None
     CONFIG.shared = os.environ.get(SHARED_ENV) or None
     ACTIVE.clear()
@@ -175,7 +176,7 @@ def active(spec: str, *, shared: str | os.PathLike[str] | None = None) -> Iterat
         CONFIG.shared, CONFIG.env_spec = shared_before, env_before
 
 
-_read_env()
+read_env()
 
 
 def hit(name: str) -> None:

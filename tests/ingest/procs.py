@@ -1,21 +1,45 @@
-"""Running ``lamina ingest`` as a real subprocess in tests: config files, the HTTP port it
-bound, waiting on /v1/sources, signals."""
+"""Running ``lamina ingest`` as a real process in tests: config files, the HTTP port it
+bound, waiting on /v1/sources, signals.
+
+Each process is a child of this test worker's fork server (:mod:`tests.forkserver`, started
+on first use with lamina's CLI and ingestion imported): a real process that runs
+``lamina ingest`` and is killed with real signals, without paying the imports on every one
+of the hundred-odd restarts of the kill tests."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.forkserver import ForkServer
+
+#: what the fork server imports before it forks (everything ``lamina ingest`` needs)
+PRELOAD = ("lamina.cli.main", "lamina.ingest.service", "lamina.ingest.postgres.source",
+           "lamina.ingest.files", "uvloop")
 LAMINA = [sys.executable, "-c",
           "import sys; from lamina.cli.main import main; sys.exit(main(sys.argv[1:]))"]
+"""``lamina`` as a fresh interpreter (for the tests that run it to completion)."""
+_servers: dict[int, ForkServer] = {}
+_servers_lock = threading.Lock()
+
+
+def fork_server() -> ForkServer:
+    """This process's fork server (started on first use, stopped at exit)."""
+    with _servers_lock:
+        server = _servers.get(os.getpid())
+        if server is None or server.proc.poll() is not None:
+            server = _servers[os.getpid()] = ForkServer(PRELOAD)
+            atexit.register(server.close)
+        return server
 
 
 def files_source_toml(name: str, path: Path, *, fmt: str = "jsonl",
@@ -45,10 +69,9 @@ class Ingest:
         full = {k: v for k, v in os.environ.items()
                 if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
         full.update(env or {})
-        with open(log, "ab") as f:
-            self.proc = subprocess.Popen([*LAMINA, "ingest", "--config", str(config),
-                                          "--http", "127.0.0.1:0"],
-                                         stdout=subprocess.DEVNULL, stderr=f, env=full)
+        log.touch()
+        self.proc = fork_server().spawn(["ingest", "--config", str(config),
+                                         "--http", "127.0.0.1:0"], full, log)
         self.port: int | None = None
 
     def events(self) -> list[dict[str, Any]]:
