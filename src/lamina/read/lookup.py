@@ -44,9 +44,9 @@ from lamina.datadir import RelationFiles
 from lamina.errors import InvalidArgumentError, SchemaError
 from lamina.objstore.base import ObjectStore
 from lamina.read.snapshot import consolidated
-from lamina.read.view import OpenPart, filter_times, pin, resolve_as_of
+from lamina.read.view import filter_times, pin, resolve_as_of
 from lamina.schema import DIFF, TIME, RelationMeta
-from lamina.trace.batch import PartFile
+from lamina.trace.batch import OpenPart, PartFile
 
 
 def key_table(meta: RelationMeta, keys: pa.Table | Mapping[str, Any]) -> pa.Table:

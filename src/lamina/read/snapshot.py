@@ -10,7 +10,7 @@ again, one key range per core (:func:`lamina.consolidate.merge_runs`). Where
 
 A part whose every time is at or below ``as_of`` is read without its ``_time`` column;
 the others are read whole and filtered. Every part is checked against its CRC32C first
-(:class:`lamina.read.view.OpenPart`).
+(:class:`lamina.trace.batch.OpenPart`).
 """
 
 from __future__ import annotations

@@ -49,8 +49,9 @@ from lamina.consolidate import INT64_MAX, INT64_MIN, consolidate
 from lamina.datadir import DEFAULT_LEASE_SECONDS, DataDir
 from lamina.errors import LaminaError
 from lamina.objstore.local import LocalObjectStore
-from lamina.read.view import OpenPart, new_lease, pin, resolve_as_of
+from lamina.read.view import new_lease, pin, resolve_as_of
 from lamina.schema import DIFF, TIME, RelationMeta
+from lamina.trace.batch import OpenPart
 from lamina.trace.lease import Lease
 
 _LEASE_ATTRIBUTE = "_lamina_lease"

@@ -35,8 +35,9 @@ import pyarrow as pa
 
 from lamina.consolidate import consolidate, sort, sum_adjacent
 from lamina.datadir import RelationFiles
-from lamina.read.view import OpenPart, PinnedView, filter_times, pin, resolve_as_of
+from lamina.read.view import PinnedView, filter_times, pin, resolve_as_of
 from lamina.schema import DIFF, TIME, RelationMeta
+from lamina.trace.batch import OpenPart
 
 CHUNK_ROWS = 1 << 15
 """Rows a source reads at a time (at most)."""

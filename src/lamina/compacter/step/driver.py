@@ -34,6 +34,7 @@ from lamina.compacter.step.context import StepContext, aux_columns
 from lamina.compacter.step.cuts import boundaries
 from lamina.compacter.step.decode import decoder
 from lamina.compacter.step.failures import TaskError, translate
+from lamina.compacter.step.merge import merger, plan_merge
 from lamina.compacter.step.pack import (
     PACK_DDL,
     TASKS_PER_CORE,
@@ -156,6 +157,11 @@ class StepSpec:
         """The bytes the step reads (:func:`~lamina.compacter.step.work.input_bytes`)."""
         return input_bytes(self.segments, self.parts)
 
+    @property
+    def is_merge(self) -> bool:
+        """Whether the step merges batch parts (no WAL input, no split)."""
+        return not self.segments and self.upper is None
+
 
 def conversion_spec(trace: Trace, plan: ConversionPlan) -> StepSpec:
     return StepSpec(segments=tuple(plan.segments), parts=tuple(p.part for p in plan.consume),
@@ -229,6 +235,12 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
         n_write = min(tuning.max_parts, max(1, math.ceil(total / tuning.part_bytes)))
         ctx = _context(trace, spec, share=share, n_write=n_write, tuning=tuning,
                        stage_segments=stage_segments)
+        items = (plan_merge(trace.store, spec.parts, ctx, n_write, tuning.chunk_rows)
+                 if spec.is_merge else None)
+        if items is not None:  # sorted inputs: one job, one write (step/merge.py)
+            rows = _run_tasks(spark, len(items), merger(ctx, spec.parts, items),
+                              META_DDL, check_cancelled)
+            return _collect_output(rows, spec.context, jobs=1)
         try:
             runs = _run_tasks(spark, len(ctx.groups), decoder(ctx), RUN_DDL, check_cancelled)
             jobs += 1

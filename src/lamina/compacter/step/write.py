@@ -65,13 +65,13 @@ class BucketItem:
     buckets: tuple[tuple[int, tuple[tuple[Run, int, int], ...]], ...]
 
 
-def _consolidated(rows: pa.Table, ctx: StepContext) -> pa.Table:
+def consolidated_rows(rows: pa.Table, ctx: StepContext) -> pa.Table:
     """Rows sorted by full key, consolidated, with the update columns only."""
     return consolidate_sorted(rows, ctx.update_schema.names, ctx.row_columns,
                               ctx.sort_columns, context=ctx.context)
 
 
-def _write_nonempty(ctx: StepContext, path: str, tables: Iterable[pa.Table]) -> PartFile | None:
+def write_nonempty(ctx: StepContext, path: str, tables: Iterable[pa.Table]) -> PartFile | None:
     """Write the non-empty ``tables`` as one part, or nothing when all are empty."""
     rest = (t for t in tables if t.num_rows)
     first = next(rest, None)
@@ -95,7 +95,7 @@ def _part_chunks(item: PartItem, ctx: StepContext) -> Iterator[pa.Table]:
                   for p in chunk_pieces(run, c[j], c[j + 1])]
         if not pieces:
             continue
-        yield _consolidated(sort_rows(pa.concat_tables(pieces), ctx.sort_keys, ctx.prefix),
+        yield consolidated_rows(sort_rows(pa.concat_tables(pieces), ctx.sort_keys, ctx.prefix),
                             ctx)
 
 
@@ -107,7 +107,7 @@ def _bucket_parts(item: BucketItem, ctx: StepContext) -> Iterator[tuple[int, Par
             rows = read_run(ctx.store, run, first, last)
             tables.append(rows.slice(start - first * RUN_BATCH_ROWS, length))
         rows = sort_rows(pa.concat_tables(tables), ctx.sort_keys, ctx.prefix)
-        part = _write_nonempty(ctx, new_pending_path(), [_consolidated(rows, ctx)])
+        part = write_nonempty(ctx, new_pending_path(), [consolidated_rows(rows, ctx)])
         if part is not None:
             yield low, part
 
@@ -120,7 +120,7 @@ def writer(ctx: StepContext, items: Sequence[PartItem | BucketItem]
             item = items[i]
             rows = []
             if isinstance(item, PartItem):
-                part = _write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, item.index),
+                part = write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, item.index),
                                        _part_chunks(item, ctx))
                 if part is not None:
                     rows.append(Written(part, index=item.index).row())
@@ -139,13 +139,13 @@ def single_written(ctx: StepContext) -> list[Written]:
     past = sort_rows(past, ctx.sort_keys, ctx.prefix)
     future = sort_rows(future, [(ctx.bucket, "ascending"), *ctx.sort_keys], ctx.bucket)
     out = [Written.tally(decoded)]
-    part = _write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, 0),
-                           [_consolidated(past, ctx)])
+    part = write_nonempty(ctx, TraceLayout.batch_part(ctx.batch_id, 0),
+                           [consolidated_rows(past, ctx)])
     if part is not None:
         out.append(Written(part, index=0))
     for low, start, length in bucket_runs(future, ctx.bucket):
-        pending = _write_nonempty(ctx, new_pending_path(),
-                                  [_consolidated(future.slice(start, length), ctx)])
+        pending = write_nonempty(ctx, new_pending_path(),
+                                  [consolidated_rows(future.slice(start, length), ctx)])
         if pending is not None:
             out.append(Written(pending, bucket=low))
     return out
