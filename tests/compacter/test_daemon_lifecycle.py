@@ -27,7 +27,9 @@ def test_second_daemon_refuses_and_dropped_relations_are_removed(tmp_path: Path)
         for t in range(30):
             rel.append(updates([(i, "x" * 30, t, 1) for i in range(10)]))
             rel.seal(t + 1)
-    with DaemonProcess(data, tmp_path / "daemon.log") as daemon:
+    # the in-process executor: the lock and the drop are the daemon's, not Spark's
+    with DaemonProcess(data, tmp_path / "daemon.log",
+                       extra_env={"LAMINA_EXECUTOR": "inprocess"}) as daemon:
         daemon.wait_ready()
         second = subprocess.run([LAMINA, "serve", "--data-dir", str(data), "--http",
                                  f"127.0.0.1:{free_port()}"], capture_output=True, text=True,

@@ -42,7 +42,11 @@ def test_notify_and_metrics_of_a_running_daemon(tmp_path: Path) -> None:
 
     listener = threading.Thread(target=listen)
     listener.start()
-    env = {"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "1000000"}
+    # the in-process executor: what is checked is the service manager's protocol and the
+    # exposition, not Spark (whose jobs' metrics test_conversions_count_the_updates_they_read
+    # scrapes), and a JVM's start costs the suite 10 s of CPU
+    env = {"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "1000000",
+           "LAMINA_EXECUTOR": "inprocess"}
     try:
         with DaemonProcess(tmp_path / "data", tmp_path / "daemon.log",
                            extra_env=env) as daemon:
