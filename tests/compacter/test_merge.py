@@ -274,3 +274,35 @@ def test_a_damaged_page_of_an_input_fails_the_merge_as_corruption(
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptionError, match="not readable Parquet"):
         run_step(spark, trace, merge_spec(trace, plan), tuning=TUNING)
+
+
+@pytest.mark.spark
+def test_a_damaged_statistic_that_would_skip_rows_fails_the_merge(
+        spark: Any, tmp_path: Path) -> None:
+    """The footers' statistics choose what a task reads and no checksum covers them: a max
+    value rewritten in a footer (so that its row group seems to end below the last cut)
+    fails the merge as corruption, by the row count, instead of dropping the group."""
+    big = 0x0102030405060708  # the largest key: the max of the last row group of its part
+    inner = _int_rows(random.Random(6), 4000)
+
+    def rows(t: int) -> pa.Table:
+        table = inner(t)
+        if t == 0:
+            ids = table.column("id").to_pylist()
+            ids[0] = big
+            table = table.set_column(0, "id", pa.array(ids, pa.int64()))
+        return table
+    _, trace = _two_batches(tmp_path, INT_KEY, ["id"], rows)
+    plan = merge_plan_ok(plan_merge(trace.state))
+    part = plan.left.parts[-1]
+    path = Path(trace.store.location(part.path))
+    data = bytearray(path.read_bytes())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_len
+    needle = big.to_bytes(8, "little")
+    footer = bytes(data[start:-8])
+    assert needle in footer, "the key should be a statistic of the footer"
+    data[start:-8] = footer.replace(needle, (1).to_bytes(8, "little"))
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptionError, match="footer statistics are damaged"):
+        run_step(spark, trace, merge_spec(trace, plan), tuning=TUNING)

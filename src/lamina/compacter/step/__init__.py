@@ -21,6 +21,12 @@ every executor sees already (tasks read WAL segments and write parts there)::
     job 2: P + B write tasks  per part: every run's rows of each chunk, sorted,
                               consolidated, written; per bucket group: pending files
 
+A merge does not need job 1: its inputs are sorted Parquet batches whose row-group
+statistics already cut the key space, so a merge runs as one job of write tasks, each
+reading of every input only the row groups of its key range
+(:mod:`~lamina.compacter.step.merge`; floats, decimals and one key holding most of the
+rows keep the two jobs).
+
 A step whose input is at most ``JobTuning.single_task_bytes`` runs as one task that does
 all of it in memory (job 1 only, no runs), which is what keeps the common small
 conversion cheap. Either way the tasks report how many updates they decoded
@@ -48,6 +54,8 @@ The modules, in the order a step uses them:
 - :mod:`~lamina.compacter.step.cuts`: full sort keys cutting the batch into chunks and
   parts;
 - :mod:`~lamina.compacter.step.write`: write tasks and the single task;
+- :mod:`~lamina.compacter.step.merge`: one-pass merges (the cut from row-group
+  statistics, and their write tasks);
 - :mod:`~lamina.compacter.step.wire`: the records tasks return to the driver;
 - :mod:`~lamina.compacter.step.failures`: errors as records, and their translation;
 - :mod:`~lamina.compacter.step.driver`: the driver (sizing, the two jobs, the output).

@@ -54,7 +54,7 @@ from lamina.compacter.step.work import (
     pack,
 )
 from lamina.compacter.step.write import BucketItem, PartItem, single, writer
-from lamina.errors import JobError, LaminaError
+from lamina.errors import CorruptionError, JobError, LaminaError
 from lamina.frontier import MAX_TIME
 from lamina.layout import TraceLayout
 from lamina.trace.batch import PartFile
@@ -240,7 +240,9 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
         if items is not None:  # sorted inputs: one job, one write (step/merge.py)
             rows = _run_tasks(spark, len(items), merger(ctx, spec.parts, items),
                               META_DDL, check_cancelled)
-            return _collect_output(rows, spec.context, jobs=1)
+            out = _collect_output(rows, spec.context, jobs=1)
+            check_merge_rows(spec, out)
+            return out
         try:
             runs = _run_tasks(spark, len(ctx.groups), decoder(ctx), RUN_DDL, check_cancelled)
             jobs += 1
@@ -261,6 +263,18 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
     except Exception as exc:  # Spark, Py4J, or the driver's own reads (OSError)
         raise translate(exc, spec.context) from exc
     return _collect_output(rows, spec.context, decoded, jobs=jobs)
+
+
+def check_merge_rows(spec: StepSpec, out: StepOutput) -> None:
+    """A one-pass merge read every row of its inputs exactly once: its tasks chose row
+    groups by the footers' statistics, which no checksum covers, so a damaged statistic
+    would skip rows; the descriptions' row counts catch it (CorruptionError)."""
+    want = sum(p.rows for p in spec.parts)
+    if out.input_rows != want:
+        raise CorruptionError(
+            f"{spec.context}: its tasks read {out.input_rows} rows of the {want} its "
+            f"{len(spec.parts)} input parts hold (a part's footer statistics are damaged; "
+            "`lamina verify` names the file)")
 
 
 def run_pack(spark: Any, steps: Sequence[tuple[Trace, StepSpec]], *,

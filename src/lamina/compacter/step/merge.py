@@ -29,6 +29,10 @@ two chunks is decoded by both (at most one per input per cut).
 Reads are verified by Parquet's page checksums (written with every part) and the footer's
 row count against the part's description; the whole-file CRC32C is not checked here
 because no task reads a whole file (the key lookups' rule, :mod:`lamina.read.lookup`).
+The footers' statistics, which choose what a task reads, are covered by no checksum: the
+driver checks that the tasks read exactly the rows the inputs' descriptions count
+(:func:`lamina.compacter.step.driver.check_merge_rows`), so a damaged statistic that would
+skip a row group fails the merge as corruption instead of dropping rows.
 
 When the one-pass plan does not apply, :func:`plan_merge` returns None and the driver
 runs the general two-job step (:mod:`lamina.compacter.step.driver`): a first sort column
