@@ -8,8 +8,10 @@ lamina.consolidate and what they call) builds its scalars and arrays here instea
 buffers, which never asks (tests/test_columns.py runs a first snapshot in a fresh
 interpreter and checks that pandas stays unimported).
 
-Only primitive types without nulls are handled (numbers and booleans): what the read path
-makes itself. Arrays it reads from Parquet are already Arrow and need none of this.
+Only primitive types and strings without nulls are handled: what the read path makes
+itself, and the drill's coordinators (lamina.drill.workload: a coordinator restarted a
+hundred times in a drill paid the import each time). Arrays read from Parquet are already
+Arrow and need none of this.
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ def array(values: np.ndarray[Any, Any], type: pa.DataType | None = None) -> pa.A
         raise TypeError(f"columns.array: {target} is not a primitive numeric type")
     data = np.ascontiguousarray(values, dtype=_NUMPY_OF[target])
     return pa.Array.from_buffers(target, len(data), [None, pa.py_buffer(data)])
+
+
+def strings(values: list[str]) -> pa.Array:
+    """Python strings (no nulls) as an Arrow string array, built from its buffers."""
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(encoded),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
 
 
 def scalar(value: int | float, type: pa.DataType) -> pa.Scalar:

@@ -33,8 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from lamina import columns
 from lamina.errors import RelationNotFoundError
 from lamina.store import Relation, Store
 
@@ -146,10 +148,14 @@ def _step(rel: Relation, rng: random.Random, op: int, log: AckLog,
                 row = live[rng.randrange(len(live))]
                 rows.append([row[0], row[1], t, -1])
         log.write(_intent(op, rel, tag, intent="append", rows=rows))
-        rel.append(pa.table({"id": pa.array([r[0] for r in rows], pa.int64()),
-                             "val": [r[1] for r in rows],
-                             "_time": pa.array([r[2] for r in rows], pa.uint64()),
-                             "_diff": pa.array([r[3] for r in rows], pa.int64())}))
+        # built from buffers (lamina.columns): pa.array of Python values imports pandas,
+        # a second of every coordinator life's start
+        rel.append(pa.Table.from_arrays(
+            [columns.array(np.array([r[0] for r in rows], dtype=np.int64)),
+             columns.strings([r[1] for r in rows]),
+             columns.array(np.array([r[2] for r in rows], dtype=np.uint64)),
+             columns.array(np.array([r[3] for r in rows], dtype=np.int64))],
+            names=["id", "val", "_time", "_diff"]))
     elif roll < 0.9:
         value = upper + rng.randint(1, 3)
         log.write(_intent(op, rel, tag, intent="seal", value=value))
