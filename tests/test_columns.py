@@ -96,3 +96,31 @@ def test_a_cold_read_does_not_import_pandas(tmp_path: Path) -> None:
         want = (f"{rel.snapshot().num_rows} {rel.snapshot(as_of=2).num_rows} "
                 f"{rel.lookup({'id': [0, 1, 2, 3]}).num_rows} False")
     assert out.stdout.split("\n")[0] == want, out.stderr
+
+
+def test_strings_build_the_array_pyarrow_would() -> None:
+    values = ["", "a", "ä€", "x" * 300]
+    got = columns.strings(values)
+    assert got.equals(pa.array(values, pa.string()))
+    assert columns.strings([]).equals(pa.array([], pa.string()))
+
+
+def test_a_drill_coordinator_life_does_not_import_pandas(tmp_path: Path) -> None:
+    """A coordinator of ``lamina drill`` (lamina.drill.workload: opening the store,
+    creating relations, appends through the WAL encoder, seals) never imports pandas, which
+    cost a second or two of each of the hundred-odd lives of a drill; the acknowledged
+    operations are written."""
+    ack = tmp_path / "ack.jsonl"
+    child = textwrap.dedent(f"""
+        import sys
+        from lamina.drill import workload
+        sys.argv = ["workload", {str(tmp_path / "data")!r}, {str(ack)!r}, "--seed", "3",
+                    "--ops", "40", "--relations", "2"]
+        workload.main()
+        print("pandas" in sys.modules, file=sys.stderr)
+        """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1] == "False", out.stderr
+    acks = [line for line in ack.read_text().splitlines() if '"ack": true' in line]
+    assert len(acks) == 40

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lamina import columns
 from lamina.consolidate import carries_only, sort
 from lamina.errors import CorruptionError
 from lamina.frontier import CLOSED
@@ -80,17 +81,17 @@ def check_rows(table: pa.Table, meta: RelationMeta, *, lower: int, upper: int,
     if table.num_rows == 0:
         return
     times = table.column(TIME)
-    in_range = pc.greater_equal(times, pa.scalar(lower, pa.uint64()))
+    in_range = pc.greater_equal(times, columns.scalar(lower, pa.uint64()))
     if upper != CLOSED:
-        in_range = pc.and_(in_range, pc.less(times, pa.scalar(upper, pa.uint64())))
+        in_range = pc.and_(in_range, pc.less(times, columns.scalar(upper, pa.uint64())))
     if since is not None:
-        in_range = pc.or_(in_range, pc.equal(times, pa.scalar(since, pa.uint64())))
+        in_range = pc.or_(in_range, pc.equal(times, columns.scalar(since, pa.uint64())))
     if not pc.all(in_range).as_py():
         bad = table.filter(pc.invert(in_range)).column(TIME)[0].as_py()
         raise CorruptionError(f"{what}: time {bad} outside [{lower}, {upper})"
                               + (f" and not the since {since}" if since is not None else ""),
                               path=path)
-    if pc.any(pc.equal(table.column(DIFF), 0)).as_py():
+    if pc.any(pc.equal(table.column(DIFF), columns.scalar(0, pa.int64()))).as_py():
         raise CorruptionError(f"{what}: holds a zero diff", path=path)
     order = [*meta.sort_columns, TIME]
     if not sort(table, order).equals(table):

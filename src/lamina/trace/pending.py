@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lamina import columns
 from lamina.frontier import MAX_TIME
 from lamina.layout import TraceLayout
 from lamina.schema import TIME
@@ -49,13 +50,16 @@ def bucket_lows(times: pa.Array | pa.ChunkedArray, upper: int) -> pa.Array | pa.
     out): the highest bit ``k`` where ``t`` and ``upper`` differ, found by binary search,
     then ``t`` with its bits below ``k`` cleared (``t == upper`` gives ``k = 0``, i.e.
     ``t``)."""
-    x = pc.bit_wise_xor(times, pa.scalar(upper, pa.uint64()))
-    k: Any = pa.scalar(0, pa.uint64())
+    u64 = pa.uint64()
+    x = pc.bit_wise_xor(times, columns.scalar(upper, u64))
+    zero = columns.scalar(0, u64)
+    k: Any = zero
     for s in (32, 16, 8, 4, 2, 1):
-        shifted = pc.shift_right(x, pa.scalar(s, pa.uint64()))
-        moved = pc.not_equal(shifted, pa.scalar(0, pa.uint64()))
+        shift = columns.scalar(s, u64)
+        shifted = pc.shift_right(x, shift)
+        moved = pc.not_equal(shifted, zero)
         x = pc.if_else(moved, shifted, x)
-        k = pc.add(k, pc.if_else(moved, pa.scalar(s, pa.uint64()), pa.scalar(0, pa.uint64())))
+        k = pc.add(k, pc.if_else(moved, shift, zero))
     return pc.shift_left(pc.shift_right(times, k), k)
 
 
@@ -68,7 +72,7 @@ def split_by_bucket(table: pa.Table, upper: int) -> Iterator[tuple[int, int, pa.
         if hi > MAX_TIME:  # the last bucket reaches the end of time: everything left
             yield lo, hi, remaining
             return
-        inside = pc.less(remaining.column(TIME), pa.scalar(hi, pa.uint64()))
+        inside = pc.less(remaining.column(TIME), columns.scalar(hi, pa.uint64()))
         yield lo, hi, remaining.filter(inside)
         remaining = remaining.filter(pc.invert(inside))
 

@@ -182,10 +182,10 @@ class UpdatesEncoder:
         self._writer: Any = None
         if not _has_dictionary(schema):
             self._writer = pa.ipc.new_stream(self._file, schema, options=self._options)
-            # starts it; an empty batch of typed empty arrays (from_pylist would import pandas,
-        # a second of a coordinator's first append: lamina.columns)
-        self._writer.write_batch(pa.RecordBatch.from_arrays(
-            [pa.nulls(0, f.type) for f in schema], schema=schema))
+            # starts it; an empty batch of typed empty arrays (from_pylist would import
+            # pandas, a second of a coordinator's first append: lamina.columns)
+            self._writer.write_batch(pa.RecordBatch.from_arrays(
+                [pa.nulls(0, f.type) for f in schema], schema=schema))
         self._sink.pieces.clear()
 
     def encode(self, table: pa.Table) -> tuple[list[Any], int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lamina import columns
 from lamina.consolidate import consolidate_updates, forward
 from lamina.frontier import CLOSED
 from lamina.layout import TraceLayout
@@ -42,7 +43,7 @@ def split_at(table: pa.Table, upper: int) -> tuple[pa.Table, pa.Table]:
     """(updates before ``upper``, future updates at or after it)."""
     if upper == CLOSED:
         return table, table.schema.empty_table()
-    below = pc.less(table.column(TIME), pa.scalar(upper, pa.uint64()))
+    below = pc.less(table.column(TIME), columns.scalar(upper, pa.uint64()))
     return table.filter(below), table.filter(pc.invert(below))
 
 
