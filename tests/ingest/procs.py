@@ -22,9 +22,10 @@ from typing import Any
 
 from tests.forkserver import ForkServer
 
-#: what the fork server imports before it forks (everything ``lamina ingest`` needs)
+#: what the fork server imports before it forks: everything ``lamina ingest`` needs, and
+#: pandas, which pyarrow imports the first time ingestion builds an array from Python rows
 PRELOAD = ("lamina.cli.main", "lamina.ingest.service", "lamina.ingest.postgres.source",
-           "lamina.ingest.files", "uvloop")
+           "lamina.ingest.files", "uvloop", "pandas")
 LAMINA = [sys.executable, "-c",
           "import sys; from lamina.cli.main import main; sys.exit(main(sys.argv[1:]))"]
 """``lamina`` as a fresh interpreter (for the tests that run it to completion)."""
