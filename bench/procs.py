@@ -21,7 +21,6 @@ group (Spark's JVM included) is gone.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -117,9 +116,13 @@ def start_serve(data: Path, log: Path, *, master: str,
 
 def serve_ready(port: int) -> bool:
     """Whether the daemon on ``port`` answers ``/readyz`` with 200 (False while it starts)."""
-    with contextlib.suppress(urllib.error.URLError, OSError), \
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
-        return bool(resp.status == 200)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except urllib.error.HTTPError as exc:  # 503 while it starts; the error holds the socket
+        exc.close()
+    except OSError:  # nothing listens yet (URLError is an OSError)
+        pass
     return False
 
 

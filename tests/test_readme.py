@@ -65,7 +65,8 @@ class Daemon:
                                         timeout=5) as r:
                 return int(r.status), bytes(r.read())
         except urllib.error.HTTPError as exc:
-            return int(exc.code), bytes(exc.read())
+            with exc:  # it holds the connection: closed here, not by the garbage collector
+                return int(exc.code), bytes(exc.read())
         except OSError:
             return 0, b""
 

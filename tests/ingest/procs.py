@@ -116,7 +116,8 @@ class Ingest:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
                 return int(r.status), bytes(r.read())
         except urllib.error.HTTPError as exc:
-            return int(exc.code), bytes(exc.read())
+            with exc:  # it holds the connection: closed here, not by the garbage collector
+                return int(exc.code), bytes(exc.read())
 
     def sources(self) -> dict[str, dict[str, Any]]:
         status, body = self.get("/v1/sources")

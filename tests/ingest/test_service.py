@@ -123,7 +123,8 @@ def post(proc: Ingest, path: str, body: dict[str, Any]) -> tuple[int, dict[str, 
         with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310
             return int(r.status), json.loads(r.read())
     except urllib.error.HTTPError as exc:
-        return int(exc.code), json.loads(exc.read())
+        with exc:  # it holds the connection: closed here, not by the garbage collector
+            return int(exc.code), json.loads(exc.read())
 
 
 def test_restart_resumes_without_repeating(tmp_path: Path) -> None:

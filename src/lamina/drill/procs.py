@@ -56,7 +56,8 @@ class DaemonProcess:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
                 return int(r.status), bytes(r.read())
         except urllib.error.HTTPError as exc:
-            return int(exc.code), bytes(exc.read())
+            with exc:  # it holds the connection: closed here, not by the garbage collector
+                return int(exc.code), bytes(exc.read())
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

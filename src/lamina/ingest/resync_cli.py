@@ -63,7 +63,8 @@ def _through_service(host: str, port: int, source: str, table: str) -> dict[str,
             answer: dict[str, Any] = json.loads(resp.read())
             return answer
     except urllib.error.HTTPError as exc:
-        body = _json(exc.read())
+        with exc:  # it holds the connection: closed here, not by the garbage collector
+            body = _json(exc.read())
         if exc.code == 404 and "no source" in str(body.get("error", "")):
             return None          # another ingest: this source is not served there
         if exc.code in (404, 409):
