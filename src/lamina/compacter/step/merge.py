@@ -87,8 +87,8 @@ def _one_pass_type(t: pa.DataType) -> bool:
 
 class GroupIndex:
     """The row groups of one sorted part by prefix range of ``column``, read from its
-    footer's statistics on demand (a merge touches a few dozen of thousands of groups:
-    the driver a sample, a task the ends of its ranges by binary search)."""
+    footer's statistics on demand: a merge looks at few of its thousands of groups (the
+    driver at a sample, a task at the ends of its ranges, by binary search)."""
 
     def __init__(self, meta: pq.FileMetaData, column: str, column_type: pa.DataType) -> None:
         self.meta = meta
@@ -135,7 +135,7 @@ class GroupIndex:
                 raise LookupError(mid)
             if r[2] and past(r):
                 hi = mid
-            elif not r[2]:  # an empty group: decide by its neighbours
+            elif not r[2]:  # an empty group has no place in the order: read every group
                 raise LookupError(mid)
             else:
                 lo = mid + 1
