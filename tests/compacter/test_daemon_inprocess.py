@@ -103,11 +103,13 @@ def test_the_running_daemon_takes_a_repaired_relation_back(tmp_path: Path) -> No
 
     async def run() -> int:
         task = asyncio.create_task(daemon.run())
-        await until("the quarantine", marker.exists)
-        assert daemon.readiness() == (False, "quarantined relations: bad")
+        # the marker is written first, the pipeline's state a moment later (the order
+        # Pipeline.quarantine keeps): wait for both, as a loaded machine widens the gap
+        await until("the quarantine", lambda: marker.exists() and daemon.readiness() == (
+            False, "quarantined relations: bad"))
         marker.unlink()  # too early: the segment is still damaged
-        await until("the quarantine again", marker.exists)
-        assert daemon.pipelines["bad"].quarantined is not None
+        await until("the quarantine again", lambda: marker.exists()
+                    and daemon.pipelines["bad"].quarantined is not None)
         assert str(seg) in json.loads(marker.read_bytes())["reason"]
         seg.write_bytes(original)  # the runbook: restore the named file, remove the marker
         marker.unlink()
