@@ -196,5 +196,6 @@ def serve(preload: Sequence[str]) -> None:
             out.flush()
     _reap(out)  # stdin closed: the test is done; children still running are orphaned
 
+
 if __name__ == "__main__":
     serve(sys.argv[1:])

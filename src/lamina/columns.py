@@ -41,7 +41,8 @@ def array(values: np.ndarray[Any, Any], type: pa.DataType | None = None) -> pa.A
 
 
 def strings(values: list[str]) -> pa.Array:
-    """Python strings (no nulls) as an Arrow string array, built from its buffers."""
+    """Python strings (no nulls, under 2 GiB of UTF-8 in all: 32-bit offsets) as an Arrow
+    string array, built from its buffers."""
     encoded = [v.encode() for v in values]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
