@@ -81,8 +81,9 @@ EVENTS: tuple[Event, ...] = (
     Event("conversion.replanned", "warning", _P, "the plan no longer matched the trace "
           "state; planned again from disk (not corruption)"),
     Event("merge.replanned", "warning", _P, "the same for a merge"),
-    Event("pipeline.retrying", "error", _P, "a pass failed outside a job (`kind`; a disk "
-          "error committing or deleting): retried after a backoff, but the disk needs a look"),
+    Event("pipeline.retrying", "error", _P, "a pass or a relation's recovery failed outside "
+          "a job (`kind`: conversion, merge, gc or recovery; a disk error committing or "
+          "deleting): retried after a backoff, but the disk needs a look"),
     Event("pipeline.state_conflict", "error", _P, "another process published this "
           "relation's trace state: its pipeline stops"),
     Event("trace.reload_failed", "error", _P, "after a failed pass the trace state could not "

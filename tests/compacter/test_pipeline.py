@@ -33,7 +33,7 @@ from tests.compacter.backlog import (
     until,
     writing,
 )
-from tests.trace.helpers import Oracle
+from tests.trace.helpers import Oracle, convert
 
 
 async def _run_until(pipe: RelationPipeline, cond: Any, timeout: float = 20.0) -> None:
@@ -276,3 +276,47 @@ def test_a_dropped_relation_stops_its_pipeline(tmp_path: Path,
     asyncio.run(run())
     assert pipe.stopped == "relation dropped"
     assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == 0
+
+
+def test_a_relation_dropped_before_its_recovery_ends_its_pipeline(tmp_path: Path) -> None:
+    """The daemon read a new relation's metadata, then the relation was dropped before its
+    pipeline recovered (a relation created and dropped within one poll, as CI saw): the
+    recovery finds its WAL directory gone and the pipeline ends as dropped, with no error
+    (before, the FileNotFoundError ended the task and failed the daemon's next poll)."""
+    backlog(tmp_path, rounds=4)
+    pipe = pipeline(tmp_path)
+    shutil.rmtree(pipe.wal_dir)
+
+    async def run() -> list[dict[str, Any]]:
+        with capture_logs() as logs:
+            await asyncio.wait_for(pipe.run(asyncio.Event()), 10)
+        return logs
+
+    logs = asyncio.run(run())
+    assert pipe.stopped == "relation dropped"
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert "relation.dropped" in [e["event"] for e in logs]
+
+
+def test_a_failed_recovery_is_retried(tmp_path: Path) -> None:
+    """Recovery deletes the segments the trace already converted; a disk error there (EIO
+    on the first unlink) is logged and the recovery retried after a backoff, like a failed
+    pass, and the pipeline then catches up (before, the error ended the pipeline's task)."""
+    from lamina.testing.faults import FailingFileSystem
+
+    oracle = backlog(tmp_path, rounds=8)
+    layout = DataDir(tmp_path)
+    pipe = pipeline(tmp_path)
+    trace = Trace.open(layout.trace_store("orders"), pipe.meta)
+    assert convert(trace, pipe.wal_dir, limit=2) == 2  # converted, segments not deleted
+    fs = FailingFileSystem({"unlink": 1})
+    pipe.fs = fs
+    with capture_logs() as logs:
+        asyncio.run(_run_until(pipe, _caught_up(pipe)))
+    assert [op.kind for op in fs.failures] == ["unlink"]
+    assert [(e["event"], e["kind"]) for e in logs if e["log_level"] == "error"] == [
+        ("pipeline.retrying", "recovery")]
+    assert sample(pipe.metrics, "lamina_job_retries_total", kind="conversion") == 0
+    assert pipe.trace is not None
+    assert pipe.stopped is None
+    assert snapshot(tmp_path, "orders", oracle.upper - 1) == oracle.snapshot(oracle.upper - 1)

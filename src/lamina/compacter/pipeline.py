@@ -157,41 +157,52 @@ class RelationPipeline:
 
     # --- lifecycle ------------------------------------------------------------------------
     async def recover(self) -> None:
-        """Open the trace (checking invariants) and delete segments it already converted."""
+        """Open the trace (checking invariants) and delete segments it already converted.
+        A relation dropped meanwhile (its WAL directory gone) ends the pipeline as dropped;
+        :attr:`trace` is set only once recovery finished, so a failed one is done again."""
         started = time.monotonic()
         try:
-            self.trace = await asyncio.to_thread(
+            trace = await asyncio.to_thread(
                 Trace.open, self.layout.trace_store(self.name, self.fs), self.meta, self.fs)
-            deleted = await asyncio.to_thread(self.trace.delete_converted_segments,
-                                              self.wal_dir)
+            deleted = await asyncio.to_thread(trace.delete_converted_segments, self.wal_dir)
             await asyncio.to_thread(self.watch.poll)
         except CorruptionError as exc:
             await self.quarantine(exc)
             return
-        log.info("relation.recovered", relation=self.name, version=self.trace.state.version,
-                 trace_upper=self.trace.state.upper, segments_deleted=deleted,
+        except FileNotFoundError:
+            if self._dropped():
+                return
+            raise
+        self.trace = trace
+        log.info("relation.recovered", relation=self.name, version=trace.state.version,
+                 trace_upper=trace.state.upper, segments_deleted=deleted,
                  duration_seconds=round(time.monotonic() - started, 3))
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step until ``stop`` is set or the pipeline ends. An unexpected error (a disk
-        error deleting inputs, a bug) is logged and the pass retried after a backoff: the
-        steps are crash-safe, so a failed pass leaves nothing half done."""
-        if self.trace is None and self.quarantined is None:
-            await self.recover()
+        """Recover, then step until ``stop`` is set or the pipeline ends. An unexpected
+        error (a disk error deleting inputs, a bug) is logged and the recovery or pass
+        retried after a backoff: both are crash-safe, so a failed one leaves nothing half
+        done."""
         delay = self.settings.retry_initial_seconds
         while not stop.is_set() and self.quarantined is None and self.stopped is None:
             self.wake.clear()  # a change noticed from here on wakes the next idle wait
             try:
+                if self.trace is None:
+                    await self.recover()
+                    continue  # recovered, quarantined or dropped: the loop's test says
                 worked = await self.step(stop)
                 delay = self.settings.retry_initial_seconds
             except PipelineStopped:
                 return
             except Exception as exc:  # one relation must not stop the daemon
-                log.exception("pipeline.retrying", relation=self.name, kind=self._kind,
+                recovering = self.trace is None
+                log.exception("pipeline.retrying", relation=self.name,
+                              kind="recovery" if recovering else self._kind,
                               error=str(exc), retry_in_seconds=delay)
-                self.metrics.job_retries.labels(kind=self._kind).inc()
-                self._trace_changed()
-                await self._reload_trace()
+                if not recovering:  # a recovery is no job: done again, not counted
+                    self.metrics.job_retries.labels(kind=self._kind).inc()
+                    self._trace_changed()
+                    await self._reload_trace()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
                 delay = min(delay * 2, self.settings.retry_max_seconds)
