@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,11 @@ if TYPE_CHECKING:
 # machine (the other test worker, a JVM starting) cannot fail one.
 settings.register_profile("lamina", deadline=None)
 settings.load_profile("lamina")
+
+#: Spark's configuration directory for every JVM a test starts, inherited by the daemons,
+#: drills and clusters the tests spawn (spark-conf/spark-defaults.conf says what and why)
+SPARK_CONF_DIR = Path(__file__).parent / "spark-conf"
+os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
 
 ORDERS = pa.schema([("id", pa.int64()), ("item", pa.string())])
 

@@ -9,6 +9,7 @@ venv's interpreter), and that the parts the executor writes are the ones the dri
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,3 +65,28 @@ def test_conversion_on_a_standalone_cluster(cluster: StandaloneCluster, tmp_path
     assert doc["block_managers"] >= 2, "no executor joined the application"
     assert_same_conversion(trace, got, ref, want, plan=plan)
     trace.commit_conversion(plan, got.parts, got.pending)
+    assert_suite_jvm_options(cluster)
+
+
+def assert_suite_jvm_options(cluster: StandaloneCluster) -> None:
+    """The suite's JVM options (tests/spark-conf, tests/test_suite_jvm.py) reached the
+    master and the worker (``SPARK_DAEMON_JAVA_OPTS``, their command lines) and the
+    application's executor (``spark.executor.extraJavaOptions``: the worker writes the
+    command it launched at the top of the executor's stderr)."""
+    groups = {p.pid for p in cluster.procs}
+    daemons = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getpgid(int(entry.name)) in groups:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if argv[0].endswith(b"java"):
+                    daemons.append(b" ".join(argv).decode())
+        except (OSError, ProcessLookupError):
+            continue  # gone meanwhile
+    assert sum("deploy.master.Master" in a for a in daemons) == 1, daemons
+    assert sum("deploy.worker.Worker" in a for a in daemons) == 1, daemons
+    launched = [p.read_text(errors="replace").split("\n", 3)[:3]
+                for p in cluster.work.glob("worker/app-*/*/stderr")]
+    assert launched, "no executor was launched"
+    for argv in [*daemons, *(" ".join(lines) for lines in launched)]:
+        assert "-XX:TieredStopAtLevel=1" in argv, argv

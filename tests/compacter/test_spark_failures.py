@@ -47,6 +47,7 @@ from lamina.trace.invariants import check_data, check_state
 from lamina.trace.state import StateStore
 from lamina.verify import verify_store
 from tests.compacter.cluster import StandaloneCluster, standalone_cluster, start_worker
+from tests.conftest import SPARK_CONF_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -158,7 +159,8 @@ def test_task_worker_and_executor_failures_are_retried(tmp_path: Path) -> None:
                   "LAMINA_FAILPOINTS_SHARED": str(shared)}
     conf = tmp_path / "spark-conf"
     conf.mkdir()
-    (conf / "spark-defaults.conf").write_text(SPARK_DEFAULTS)
+    (conf / "spark-defaults.conf").write_text(  # the suite's JVM options, and this test's
+        (SPARK_CONF_DIR / "spark-defaults.conf").read_text() + SPARK_DEFAULTS)
     writer = start_workload(data, ack, seed=11, ops=120, quiet=True)
 
     with standalone_cluster(tmp_path / "spark", workers=0) as cluster, \
