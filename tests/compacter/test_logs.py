@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,20 +114,45 @@ def test_noisy_packages_logging_through_the_root_logger_are_held_too() -> None:
     root logger (``logging.info``) when the JVM is gone: held like its own loggers, while
     its warnings and everyone else's root records still pass. When it cannot retry it logs
     the line at ERROR (``logging.exception``, seen when a stop signal to the process group
-    killed the JVM amid a pack): that passes as a warning, and only py4j's does."""
+    killed the JVM amid a pack): that passes as a warning of one line, its exception named
+    but without the traceback (lamina logs the consequence), and only py4j's does: an
+    app's own error keeps its level and its traceback."""
     buf = io.StringIO()
     configure_logging("json", "info", stream=buf)
     root = logging.getLogger()
     gateway = "/venv/lib/python3.11/site-packages/py4j/java_gateway.py"
-    for level, path, msg in ((logging.INFO, gateway, "Exception while sending command."),
-                             (logging.WARNING, gateway, "gateway gone"),
-                             (logging.ERROR, gateway, "cannot retry"),
-                             (logging.INFO, "/app/main.py", "an app's own line"),
-                             (logging.ERROR, "/app/main.py", "an app's own error")):
-        root.handle(root.makeRecord("root", level, path, 1, msg, (), None))
-    assert [(r["event"], r["level"]) for r in lines(buf)] == [
-        ("gateway gone", "warning"), ("cannot retry", "warning"),
+
+    def raised(exc: Exception) -> Any:
+        try:
+            try:
+                raise ConnectionResetError(104, "Connection reset by peer")
+            except OSError as cause:
+                raise exc from cause
+        except Exception:
+            return sys.exc_info()
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("the JVM is gone")
+
+    for level, path, msg, exc_info in (
+            (logging.INFO, gateway, "Exception while sending command.", None),
+            (logging.WARNING, gateway, "gateway gone", None),
+            (logging.ERROR, gateway, "Exception while sending command.",
+             raised(OSError("Error while sending or receiving"))),
+            (logging.ERROR, gateway, "cannot retry", raised(Unprintable())),
+            (logging.INFO, "/app/main.py", "an app's own line", None),
+            (logging.ERROR, "/app/main.py", "an app's own error", raised(ValueError("bad")))):
+        root.handle(root.makeRecord("root", level, path, 1, msg, (), exc_info))
+    recs = lines(buf)
+    assert [(r["event"], r["level"]) for r in recs] == [
+        ("gateway gone", "warning"),
+        ("Exception while sending command. (OSError: Error while sending or receiving)",
+         "warning"),
+        ("cannot retry (Unprintable: <no message>)", "warning"),
         ("an app's own line", "info"), ("an app's own error", "error")]
+    assert [("exception" in r) for r in recs] == [False, False, False, False, True]
+    assert "Traceback" in recs[-1]["exception"]
 
 
 def test_auto_is_json_off_a_tty_and_console_on_one() -> None:

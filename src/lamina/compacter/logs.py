@@ -75,10 +75,11 @@ class _NoisyModules(logging.Filter):
     root logger, as py4j does (``logging.info("Exception while sending command.",
     exc_info=True)`` when the JVM is gone, e.g. after a stop signal to the process group):
     a logger's level cannot catch those. When py4j cannot retry it logs the same line with
-    ``logging.exception``; that record is passed as a warning, since the call that failed
-    raises and lamina logs what follows from it at the level it deserves (a failed job is
-    retried, ``spark.stop_failed`` at a stop). ``error`` is for what an operator must act
-    on (docs/operations.md)."""
+    ``logging.exception``; that record is passed as a warning of one line (the exception's
+    type and message after py4j's text, no traceback), since the call that failed raises
+    and lamina logs what follows from it at the level it deserves (a failed job is retried,
+    ``spark.stop_failed`` at a stop). ``error`` is for what an operator must act on, and a
+    traceback for a bug (docs/operations.md)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name != "root" or not any(f"/{name}/" in record.pathname
@@ -86,7 +87,21 @@ class _NoisyModules(logging.Filter):
             return True
         if record.levelno > logging.WARNING:
             record.levelno, record.levelname = logging.WARNING, "WARNING"
+            exc = record.exc_info[1] if record.exc_info else None
+            if exc is not None:
+                record.msg, record.args = f"{record.getMessage()} ({_summary(exc)})", None
+            record.exc_info, record.exc_text = None, None
         return record.levelno >= logging.WARNING
+
+
+def _summary(exc: BaseException) -> str:
+    """``Type: message`` of an exception whose ``str`` may itself fail (py4j's errors
+    call into a JVM that may be gone)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<no message>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def configure_logging(fmt: Literal["auto", "json", "console"], level: str, *,
