@@ -99,6 +99,12 @@ class RelationNotFoundError(LaminaError, LookupError):
     """No relation has that name."""
 
 
+class RelationReplacedError(RelationNotFoundError, FileNotFoundError):
+    """The relation a long-lived process works for no longer holds its name: dropped, and
+    perhaps created again under it (another ``relation_id``). Also a FileNotFoundError, so
+    code that treats a vanished WAL directory as a drop treats this the same."""
+
+
 class RelationExistsError(LaminaError):
     """A relation with that name already exists."""
 

@@ -56,7 +56,9 @@ EVENTS: tuple[Event, ...] = (
           "did not verify); the relation is refused until repaired (Quarantine, below)"),
     Event("relation.unquarantined", "info", _D, "the operator removed a quarantine marker "
           "and the relation's files verified: it is served again, no restart"),
-    Event("relation.dropped", "info", _P, "the relation's WAL is gone; its pipeline stops"),
+    Event("relation.dropped", "info", _P, "the relation's WAL is gone, or holds another "
+          "relation created again under the name (`reason`); its pipeline stops and the "
+          "daemon takes up the new one"),
     Event("relation.forgotten", "info", _D, "a dropped relation's pipeline and steps were "
           "stopped (`jobs_cancelled`)"),
     Event("relation.wal_removed", "info", _D, "a dropped relation's WAL was deleted"),

@@ -33,6 +33,7 @@ from tests.compacter.backlog import (
     until,
     writing,
 )
+from tests.trace.helpers import KEY, SCHEMA
 
 
 def _daemon(root: Path, **overrides: Any) -> Daemon:
@@ -323,3 +324,42 @@ def test_only_traces_of_dropped_relations_are_removed(tmp_path: Path) -> None:
     asyncio.run(run())
     assert (root / "notes" / "readme.txt").read_text() == "not lamina's"
     assert (root / "live" / "state").is_dir()
+
+
+def test_a_relation_dropped_and_created_again_is_taken_up_anew(tmp_path: Path) -> None:
+    """What `lamina ingest --resync` does under a running daemon when a table's columns
+    changed: drop the relation, create it again under its name at once, write to it. The
+    old relation's pipeline stops without touching the new one's segments, the daemon takes
+    the new relation up and compacts it from its first segment, and every acknowledged
+    update of it reads back (before, the old pipeline converted the new relation's segments
+    into the old trace and deleted them as its own)."""
+    backlog(tmp_path, rounds=4)
+    daemon = _daemon(tmp_path)
+
+    async def run() -> Any:
+        task = asyncio.create_task(daemon.run())
+        await until("the first relation to catch up",
+                    lambda: daemon.recovered and _caught_up(tmp_path, "orders"))
+        old_id = daemon.pipelines["orders"].meta.relation_id
+        with Store.open(tmp_path) as store:  # back to back, as the resync does: no poll
+            store.drop_relation("orders")  # of the daemon (every 0.05 s) falls in between
+            store.create_relation("orders", SCHEMA, key=KEY)
+        oracle = await asyncio.to_thread(backlog, tmp_path, rounds=12)
+
+        def taken_up_anew() -> bool:
+            pipe = daemon.pipelines.get("orders")
+            return (pipe is not None and pipe.meta.relation_id != old_id
+                    and pipe.trace is not None and pipe.trace.state.upper == oracle.upper
+                    and _caught_up(tmp_path, "orders"))
+
+        await until("the new relation to be taken up and caught up", taken_up_anew, 60)
+        daemon.stop.set()
+        assert await asyncio.wait_for(task, 30) == 0
+        return oracle
+
+    with capture_logs() as logs:
+        oracle = asyncio.run(run())
+    assert not [e for e in logs if e["log_level"] == "error"], logs
+    assert [e["relation"] for e in logs if e["event"] == "relation.forgotten"] == ["orders"]
+    for as_of in oracle.as_of_points():
+        assert snapshot(tmp_path, "orders", as_of) == oracle.snapshot(as_of)

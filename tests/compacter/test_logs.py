@@ -147,9 +147,10 @@ def test_noisy_packages_logging_through_the_root_logger_are_held_too() -> None:
     recs = lines(buf)
     assert [(r["event"], r["level"]) for r in recs] == [
         ("gateway gone", "warning"),
-        ("Exception while sending command. (OSError: Error while sending or receiving)",
-         "warning"),
-        ("cannot retry (Unprintable: <no message>)", "warning"),
+        ("Exception while sending command. (OSError: Error while sending or receiving; "
+         "from ConnectionResetError: [Errno 104] Connection reset by peer)", "warning"),
+        ("cannot retry (Unprintable: <no message>; from ConnectionResetError: [Errno 104] "
+         "Connection reset by peer)", "warning"),
         ("an app's own line", "info"), ("an app's own error", "error")]
     assert [("exception" in r) for r in recs] == [False, False, False, False, True]
     assert "Traceback" in recs[-1]["exception"]

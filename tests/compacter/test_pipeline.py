@@ -20,6 +20,7 @@ from lamina.compacter.executors.inprocess import InProcessExecutor
 from lamina.compacter.metrics import Metrics
 from lamina.compacter.pipeline import RelationPipeline
 from lamina.datadir import DataDir
+from lamina.store import Store
 from lamina.trace.invariants import check_data
 from lamina.trace.plan import ConversionPlan, plan_conversion, plan_merge
 from lamina.trace.trace import Trace
@@ -320,3 +321,35 @@ def test_a_failed_recovery_is_retried(tmp_path: Path) -> None:
     assert pipe.trace is not None
     assert pipe.stopped is None
     assert snapshot(tmp_path, "orders", oracle.upper - 1) == oracle.snapshot(oracle.upper - 1)
+
+
+def test_a_relation_dropped_and_created_again_keeps_the_new_ones_segments(
+        tmp_path: Path) -> None:
+    """The relation is dropped and created again under its name (what `lamina ingest
+    --resync` does when a table's columns changed) while the old relation's pipeline still
+    runs. That pipeline must not take the new relation's segments for its own: converted
+    into the old trace (which readers of the new relation skip: another relation_id) and
+    then deleted as converted, they would be lost. It ends as dropped, having deleted
+    nothing of the new relation, which reads back whole."""
+    backlog(tmp_path, rounds=4)
+    pipe = pipeline(tmp_path)
+    asyncio.run(_run_until(pipe, _caught_up(pipe)))
+    assert pipe.trace is not None
+    old_id, converted = pipe.meta.relation_id, pipe.trace.state.converted_through
+    with Store.open(tmp_path) as store:
+        store.drop_relation("orders")
+    oracle = backlog(tmp_path, rounds=12)  # the new relation: more segments than converted
+    new = finished_segments(pipe.wal_dir)
+    assert new[-1].seq > converted
+    with Store.open(tmp_path) as store:
+        assert store.relation("orders").meta.relation_id != old_id
+
+    def done() -> bool:
+        assert pipe.trace is not None
+        return pipe.stopped is not None or pipe.trace.state.converted_through >= new[-1].seq
+
+    asyncio.run(_run_until(pipe, done))
+    assert pipe.stopped == "relation dropped"
+    assert [s.seq for s in finished_segments(pipe.wal_dir)] == [s.seq for s in new]
+    as_of = oracle.upper - 1
+    assert snapshot(tmp_path, "orders", as_of) == oracle.snapshot(as_of)

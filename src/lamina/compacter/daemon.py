@@ -281,6 +281,7 @@ class Daemon:
         for name, pipe in list(self.pipelines.items()):
             if pipe.stopped == "relation dropped":
                 await self._forget(name)
+                await self._add(name)  # a relation created again under the name, if any
         for name in scan.unmarked:
             await self._lift_quarantine(name)
         if self._cleanup:

@@ -76,10 +76,10 @@ class _NoisyModules(logging.Filter):
     exc_info=True)`` when the JVM is gone, e.g. after a stop signal to the process group):
     a logger's level cannot catch those. When py4j cannot retry it logs the same line with
     ``logging.exception``; that record is passed as a warning of one line (the exception's
-    type and message after py4j's text, no traceback), since the call that failed raises
-    and lamina logs what follows from it at the level it deserves (a failed job is retried,
-    ``spark.stop_failed`` at a stop). ``error`` is for what an operator must act on, and a
-    traceback for a bug (docs/operations.md)."""
+    type and message, and its cause's, after py4j's text; no traceback), since the call
+    that failed raises and lamina logs what follows from it at the level it deserves (a
+    failed job is retried, ``spark.stop_failed`` at a stop). ``error`` is for what an
+    operator must act on, and a traceback for a bug (docs/operations.md)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name != "root" or not any(f"/{name}/" in record.pathname
@@ -89,7 +89,9 @@ class _NoisyModules(logging.Filter):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             exc = record.exc_info[1] if record.exc_info else None
             if exc is not None:
-                record.msg, record.args = f"{record.getMessage()} ({_summary(exc)})", None
+                cause = exc.__cause__ or exc.__context__
+                why = f"{_summary(exc)}; from {_summary(cause)}" if cause else _summary(exc)
+                record.msg, record.args = f"{record.getMessage()} ({why})", None
             record.exc_info, record.exc_text = None, None
         return record.levelno >= logging.WARNING
 

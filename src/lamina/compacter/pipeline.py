@@ -66,6 +66,7 @@ from lamina.errors import (
     JobCancelledError,
     JobError,
     LaminaError,
+    RelationReplacedError,
     StalePlanError,
     StateConflictError,
 )
@@ -75,6 +76,7 @@ from lamina.schema import RelationMeta
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
 from lamina.wal.reader import SegmentSpan, segment_spans
+from lamina.wal.retire import check_identity
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -189,6 +191,7 @@ class RelationPipeline:
             try:
                 if self.trace is None:
                     await self.recover()
+                    delay = self.settings.retry_initial_seconds
                     continue  # recovered, quarantined or dropped: the loop's test says
                 worked = await self.step(stop)
                 delay = self.settings.retry_initial_seconds
@@ -279,13 +282,18 @@ class RelationPipeline:
         return worked
 
     def _dropped(self) -> bool:
-        """Whether the relation was dropped (its WAL directory is gone); if so the pipeline
-        stops for good."""
-        if self.layout.meta_path(self.name).exists():
+        """Whether the relation was dropped (its WAL directory is gone, or holds another
+        relation created again under the name); if so the pipeline stops for good and the
+        daemon takes up whatever now holds the name."""
+        try:
+            check_identity(self.wal_dir, self.name, self.meta.relation_id)
+        except RelationReplacedError as exc:
+            self.stopped = "relation dropped"
+            log.info("relation.dropped", relation=self.name, reason=str(exc))
+            return True
+        except CorruptionError:  # a damaged relation.json is not a drop: the step says
             return False
-        self.stopped = "relation dropped"
-        log.info("relation.dropped", relation=self.name)
-        return True
+        return False
 
     def _ready_spans(self) -> list[SegmentSpan]:
         """Consecutive finished segments after the trace's, within the per-job limits."""
@@ -317,6 +325,8 @@ class RelationPipeline:
         spans = await asyncio.to_thread(self._ready_spans)
         if not spans:
             return False
+        if await asyncio.to_thread(self._dropped):  # its segments may be another relation's
+            raise PipelineStopped
         trace = self.trace
         first, last = spans[0], spans[-1]
         bound = log.bind(relation=self.name, segments=f"{first.seq}..{last.seq}",
