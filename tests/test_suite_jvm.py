@@ -1,11 +1,13 @@
 """The test suite's own JVM options (tests/spark-conf, through SPARK_CONF_DIR) reach the
-JVMs it starts: the shared SparkSession's driver and a standalone cluster's master,
-worker and executor. The options change how those JVMs compile and collect, not what they
-compute; this guards against them silently ceasing to apply (a PySpark upgrade that reads
-its configuration elsewhere), which would only show as a slower suite."""
+JVMs it starts: here the shared SparkSession's driver; tests/compacter/test_cluster.py checks
+a standalone cluster's master, worker and executor, test_bounded_memory.py a daemon's driver.
+The options change how those JVMs compile, not what they compute; this guards against them
+silently ceasing to apply (a PySpark upgrade that reads its configuration elsewhere), which
+would only show as a slower suite."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,6 @@ def jvm_arguments(spark: Any) -> list[str]:
 
 
 def test_the_conf_dir_is_the_suites() -> None:
-    import os
-
     assert Path(os.environ["SPARK_CONF_DIR"]) == SPARK_CONF_DIR
     for flag in FLAGS:
         assert flag in (SPARK_CONF_DIR / "spark-defaults.conf").read_text()
