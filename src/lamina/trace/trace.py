@@ -41,7 +41,7 @@ from lamina.trace.lease import scan as lease_scan
 from lamina.trace.plan import ConversionPlan, MergePlan, merged_level
 from lamina.trace.staging import retire_staged
 from lamina.trace.state import PendingPart, StateStore, TraceState
-from lamina.wal.retire import check_identity, delete_converted
+from lamina.wal.retire import delete_converted
 
 
 @dataclass(frozen=True)
@@ -149,11 +149,12 @@ class Trace:
         """Delete the WAL segments this trace's published state marks converted, and their
         staged copies (only ever after publication); lamina.wal.retire keeps the one that
         holds the frontiers. Raises RelationReplacedError, deleting nothing, when
-        ``wal_dir`` no longer holds this trace's relation (dropped, perhaps created again)."""
-        check_identity(wal_dir, self.meta.name, self.meta.relation_id)
+        ``wal_dir`` no longer holds this trace's relation (dropped, perhaps created again):
+        the WAL's deletion checks that first, and the staged copies go after it."""
+        deleted = delete_converted(wal_dir, self.meta.name, self.meta.relation_id,
+                                   self._state.converted_through, self.fs)
         retire_staged(self.store, self._state.converted_through)
-        return delete_converted(wal_dir, self.meta.name, self.meta.relation_id,
-                                self._state.converted_through, self.fs)
+        return deleted
 
     # --- garbage collection ---------------------------------------------------------------
     def collect_garbage(self, *, keep_versions: int = 8, grace_seconds: float = 600.0,
