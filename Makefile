@@ -32,7 +32,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# tests/spark_jvm.py: the class-data archive every JVM of the run maps (dumped once per
+# machine, Java and Spark; about 20 s)
 pytest: $(STAMP) java
+	$(BIN)/python -m tests.spark_jvm
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

@@ -11,6 +11,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import settings
 
+from tests import spark_jvm
+
 if TYPE_CHECKING:
     from tests.objstore.s3server import S3Server
 
@@ -19,10 +21,12 @@ if TYPE_CHECKING:
 settings.register_profile("lamina", deadline=None)
 settings.load_profile("lamina")
 
-#: Spark's configuration directory for every JVM a test starts, inherited by the daemons,
-#: drills and clusters the tests spawn (spark-conf/spark-defaults.conf says what and why)
-SPARK_CONF_DIR = Path(__file__).parent / "spark-conf"
-os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
+# Every JVM a test starts (the shared sessions, the daemons, drills and clusters the tests
+# spawn, which inherit the environment) gets the suite's options and class-data archive:
+# tests/spark_jvm.py says what and why; `make pytest` dumps the archive first.
+for _name, _value in spark_jvm.environment().items():
+    os.environ.setdefault(_name, _value)
+spark_jvm.write_properties()
 
 ORDERS = pa.schema([("id", pa.int64()), ("item", pa.string())])
 

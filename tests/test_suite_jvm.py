@@ -1,21 +1,19 @@
-"""The test suite's own JVM options (tests/spark-conf, through SPARK_CONF_DIR) reach the
+"""The test suite's own JVM options and class-data archive (tests/spark_jvm.py) reach the
 JVMs it starts: here the shared SparkSession's driver; tests/compacter/test_cluster.py checks
 a standalone cluster's master, worker and executor, test_bounded_memory.py a daemon's driver.
-The options change how those JVMs compile, not what they compute; this guards against them
-silently ceasing to apply (a PySpark upgrade that reads its configuration elsewhere), which
+They change how those JVMs load and compile classes, not what they compute; this guards
+against them silently ceasing to apply (a PySpark upgrade that reads its configuration
+elsewhere, a file left in the conf directory, which class-data sharing refuses), which
 would only show as a slower suite."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import SPARK_CONF_DIR
-
-FLAGS = ("-XX:TieredStopAtLevel=1",)
+from tests import spark_jvm
 
 
 def jvm_arguments(spark: Any) -> list[str]:
@@ -23,15 +21,47 @@ def jvm_arguments(spark: Any) -> list[str]:
     return [str(a) for a in bean.getInputArguments()]
 
 
-def test_the_conf_dir_is_the_suites() -> None:
-    assert Path(os.environ["SPARK_CONF_DIR"]) == SPARK_CONF_DIR
-    for flag in FLAGS:
-        assert flag in (SPARK_CONF_DIR / "spark-defaults.conf").read_text()
-        assert flag in (SPARK_CONF_DIR / "spark-env.sh").read_text()
+def test_the_environment_is_the_suites() -> None:
+    for name, value in spark_jvm.environment().items():
+        assert os.environ[name] == value, name
+    # on every JVM's class path: class-data sharing needs it empty
+    assert spark_jvm.CONF_DIR.is_dir()
+    assert not list(spark_jvm.CONF_DIR.iterdir())
+    properties = spark_jvm.PROPERTIES.read_text()
+    archive = f"-XX:SharedArchiveFile={spark_jvm.archive_path()}"
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        line = next(x for x in properties.splitlines() if x.startswith(key))
+        for flag in (*spark_jvm.FLAGS, archive):
+            assert flag in line.split(), line
+    for flag in spark_jvm.FLAGS:
+        assert flag in os.environ["SPARK_DAEMON_JAVA_OPTS"].split()
+
+
+def test_the_archive_key_follows_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = spark_jvm.archive_path()
+    assert before.parent == spark_jvm.ROOT
+    assert before.suffix == ".jsa"
+    assert spark_jvm.archive_path() == before  # stable
+    monkeypatch.setattr(spark_jvm, "FLAGS", (*spark_jvm.FLAGS, "-XX:+UseSerialGC"))
+    assert spark_jvm.archive_path() != before
 
 
 @pytest.mark.spark
 def test_the_shared_session_runs_with_the_suites_jvm_options(spark: Any) -> None:
     args = jvm_arguments(spark)
-    for flag in FLAGS:
+    for flag in spark_jvm.FLAGS:
         assert flag in args, args
+
+
+@pytest.mark.spark
+def test_the_shared_session_maps_the_class_archive(spark: Any) -> None:
+    """The driver mapped the archive: its classes came from there, parsed and verified."""
+    archive = spark_jvm.archive_path()
+    if not archive.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"no class-data archive at {archive}: `make pytest` dumps it "
+                        "(python -m tests.spark_jvm)")
+        pytest.skip("no class-data archive yet: `python -m tests.spark_jvm` dumps it")
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    with open(f"/proc/{pid}/maps") as f:
+        assert str(archive) in f.read(), f"the driver (pid {pid}) did not map {archive}"

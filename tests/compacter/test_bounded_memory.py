@@ -50,6 +50,7 @@ from lamina.drill.procs import DaemonProcess
 from lamina.store import Store
 from lamina.trace.trace import Trace
 from lamina.wal.segment import list_segments
+from tests import spark_jvm
 from tests.compacter.scrape import metric, scrape_after_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -248,8 +249,10 @@ def test_backlog_four_times_the_driver_memory_converts(tmp_path: Path) -> None:
 
     # memory: the driver JVM had the minimum heap; no process held the relation
     assert f"-Xmx{DRIVER_MEMORY}".encode() in sampler.jvm_argv, sampler.jvm_argv
-    # the suite's JVM options (tests/spark-conf) reached a daemon's driver
-    assert b"-XX:TieredStopAtLevel=1" in sampler.jvm_argv, sampler.jvm_argv
+    # the suite's JVM options and class-data archive (tests/spark_jvm.py) reached a daemon's
+    # driver
+    for flag in (*spark_jvm.FLAGS, f"-XX:SharedArchiveFile={spark_jvm.archive_path()}"):
+        assert flag.encode() in sampler.jvm_argv, sampler.jvm_argv
     daemon_peak, jvm_peak = sampler.peak("daemon"), sampler.peak("jvm")
     worker_peak = sampler.peak("python worker")
     summary = (f"backlog {written.wal_bytes / 1e9:.2f} GB ({written.updates} updates, "

@@ -69,7 +69,7 @@ def test_conversion_on_a_standalone_cluster(cluster: StandaloneCluster, tmp_path
 
 
 def assert_suite_jvm_options(cluster: StandaloneCluster) -> None:
-    """The suite's JVM options (tests/spark-conf, tests/test_suite_jvm.py) reached the
+    """The suite's JVM options (tests/spark_jvm.py, tests/test_suite_jvm.py) reached the
     master and the worker (``SPARK_DAEMON_JAVA_OPTS``, their command lines) and the
     application's executor (``spark.executor.extraJavaOptions``: the worker writes the
     command it launched at the top of the executor's stderr)."""

@@ -46,8 +46,8 @@ from lamina.store import Store
 from lamina.trace.invariants import check_data, check_state
 from lamina.trace.state import StateStore
 from lamina.verify import verify_store
+from tests import spark_jvm
 from tests.compacter.cluster import StandaloneCluster, standalone_cluster, start_worker
-from tests.conftest import SPARK_CONF_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -157,15 +157,14 @@ def test_task_worker_and_executor_failures_are_retried(tmp_path: Path) -> None:
     sleeping = shared / "fs.after_rename.hits"
     worker_env = {"LAMINA_FAILPOINTS": "fs.before_rename=error@1,fs.after_rename=sleep:30@1",
                   "LAMINA_FAILPOINTS_SHARED": str(shared)}
-    conf = tmp_path / "spark-conf"
-    conf.mkdir()
-    (conf / "spark-defaults.conf").write_text(  # the suite's JVM options, and this test's
-        (SPARK_CONF_DIR / "spark-defaults.conf").read_text() + SPARK_DEFAULTS)
+    properties = tmp_path / "spark-defaults.conf"  # the suite's JVM options, and this test's
+    properties.write_text(spark_jvm.properties_text(spark_jvm.archive_path(), SPARK_DEFAULTS))
     writer = start_workload(data, ack, seed=11, ops=120, quiet=True)
 
     with standalone_cluster(tmp_path / "spark", workers=0) as cluster, \
             DaemonProcess(data, log, master=cluster.master_url,
-                          extra_env={"SPARK_CONF_DIR": str(conf)}) as daemon:
+                          extra_env={"PYSPARK_SUBMIT_ARGS": spark_jvm.submit_args(properties)}
+                          ) as daemon:
         def alive() -> None:
             if daemon.proc.poll() is not None:
                 raise AssertionError("daemon died:\n" + log.read_text()[-4000:])

@@ -1,0 +1,167 @@
+"""The JVMs of a test run: their options, and the class-data archive they share.
+
+On 2 cores the suite is CPU-bound from its first test to its last, and its JVMs (each
+worker's shared session, every ``lamina serve`` and ``lamina drill`` daemon, a standalone
+cluster's master, worker and executors) took about a third of its CPU, most of it in JVMs
+that live seconds to minutes: compiling and loading classes, not running jobs. Two JVM
+options take much of that out, for the test run only (production daemons keep the JVM's
+defaults; a long-lived daemon earns back what they save):
+
+- ``-XX:TieredStopAtLevel=1``: C1 only, no C2 compiler warming up. A driver started as the
+  daemon starts it, with 3 small jobs: 20.7 s of JVM CPU, 12.6 s with it (40 jobs: 36.3 s,
+  26.5 s).
+- ``-XX:SharedArchiveFile``: a dynamic class-data-sharing (AppCDS) archive of the classes
+  a Spark driver loads, dumped once by :func:`ensure_archive` (``python -m
+  tests.spark_jvm``, which ``make pytest`` runs first); a JVM then maps the classes,
+  already parsed and verified, instead of reading and verifying them from Spark's jars
+  (docs/reliability.md, "The test suite's time", has the figures: ``python -m
+  bench.suite_jvm --cds``). A JVM whose class path differs from the dump's, or that starts
+  while no archive exists yet, runs as it would without it (``-Xlog:cds=off`` keeps it
+  from saying so on stdout). The options choose how the JVM loads and compiles, not what
+  it computes.
+
+How they reach every JVM: :func:`environment` (set by tests/conftest.py, inherited by every
+process a test starts)
+
+- ``PYSPARK_SUBMIT_ARGS`` names :data:`PROPERTIES`, the run's ``spark-defaults`` (written
+  by :func:`write_properties`): ``spark.driver.extraJavaOptions`` for every driver,
+  ``spark.executor.extraJavaOptions`` for a cluster's executors;
+- ``SPARK_DAEMON_JAVA_OPTS`` for a standalone cluster's master and worker;
+- ``SPARK_CONF_DIR`` is :data:`CONF_DIR`, kept **empty**: Spark puts the conf directory on
+  every JVM's class path, and class-data sharing refuses a class path holding a non-empty
+  directory (the dump fails with "Cannot have non-empty directory in paths"). This is why
+  the properties go through ``--properties-file`` and the daemon options through the
+  environment rather than through files in a conf directory.
+
+Everything generated lives in ``tests/.jvm/`` (git-ignored): ``conf/`` (empty), the
+properties, and ``spark-<key>.jsa``, whose key hashes what the archive depends on (the
+``java`` binary, Spark's jars, the conf directory's path and the options), so an upgrade
+makes a new one and never maps a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: the options of every JVM of a test run (the module docstring says why)
+FLAGS = ("-XX:TieredStopAtLevel=1",)
+#: the log tags a JVM that cannot use the archive would warn under, on its stdout
+QUIET_CDS = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+
+ROOT = Path(__file__).parent / ".jvm"
+CONF_DIR = ROOT / "conf"
+PROPERTIES = ROOT / "spark-defaults.conf"
+
+
+def _spark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def archive_path() -> Path:
+    """Where the archive for this machine's Java and Spark is (it may not exist yet)."""
+    digest = hashlib.sha256()
+    java = shutil.which("java")
+    for path in [Path(java).resolve() if java else None,
+                 *sorted(_spark_jars().glob("*.jar"))]:
+        if path is not None:
+            st = path.stat()
+            digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    digest.update(f"{CONF_DIR}\0{FLAGS}\n".encode())
+    return ROOT / f"spark-{digest.hexdigest()[:16]}.jsa"
+
+
+def java_options(archive: Path | None) -> str:
+    """The options of the run's drivers and executors."""
+    cds = (*QUIET_CDS, f"-XX:SharedArchiveFile={archive}") if archive is not None else ()
+    return " ".join((*FLAGS, *cds))
+
+
+def properties_text(archive: Path | None, extra: str = "") -> str:
+    """A ``spark-defaults`` file: the suite's JVM options for drivers and executors, then
+    ``extra`` (more properties, one per line)."""
+    options = java_options(archive)
+    return ("# Written by tests/spark_jvm.py for a test run: see its docstring.\n"
+            f"spark.driver.extraJavaOptions    {options}\n"
+            f"spark.executor.extraJavaOptions  {options}\n" + extra)
+
+
+def submit_args(properties: Path) -> str:
+    """``PYSPARK_SUBMIT_ARGS`` for drivers that read ``properties``."""
+    return f"--properties-file {properties} pyspark-shell"
+
+
+def environment() -> dict[str, str]:
+    """The variables that give every JVM a test starts the suite's options."""
+    return {"SPARK_CONF_DIR": str(CONF_DIR),
+            "PYSPARK_SUBMIT_ARGS": submit_args(PROPERTIES),
+            "SPARK_DAEMON_JAVA_OPTS": java_options(None)}
+
+
+def write_properties() -> None:
+    """Write :data:`PROPERTIES` (naming the archive, whether or not it exists yet: a JVM
+    that finds none runs without) and create the empty :data:`CONF_DIR`."""
+    CONF_DIR.mkdir(parents=True, exist_ok=True)
+    text = properties_text(archive_path())
+    if not PROPERTIES.exists() or PROPERTIES.read_text() != text:
+        tmp = PROPERTIES.with_name(f".{PROPERTIES.name}.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(PROPERTIES)
+
+
+# What the dumping driver runs: a session started as the daemon starts it, and jobs of the
+# shapes the compacter and the readers run (Arrow batches through Python workers, a
+# group-by, a DataFrame from Arrow), so that their classes are in the archive.
+_DUMP = """
+import sys
+import pyarrow as pa
+from lamina.compacter.spark import build_session
+spark = build_session("local[2]", app_name="lamina-tests-cds",
+                      conf={"spark.driver.extraJavaOptions": sys.argv[1]})
+df = spark.range(0, 100_000, numPartitions=4).selectExpr("id", "id % 7 AS k")
+def same(batches):
+    yield from batches
+for _ in range(3):
+    df.mapInArrow(same, df.schema).groupBy("k").count().collect()
+spark.createDataFrame(pa.table({"a": pa.array(range(1000), pa.int64())})).count()
+spark.stop()
+"""
+
+
+def ensure_archive(timeout: float = 600.0) -> Path:
+    """Dump the archive if this machine has none yet (about 20 s: a driver, a few jobs,
+    then the dump at its exit); return its path. Raises RuntimeError naming the JVM's
+    output if the dump fails. Concurrent callers each dump to their own file and the last
+    rename wins; older archives (another Java or Spark) are removed."""
+    write_properties()
+    target = archive_path()
+    if target.exists():
+        return target
+    tmp = target.with_name(f".{target.stem}.{os.getpid()}.jsa")
+    env = {**os.environ, **environment()}
+    options = " ".join((*FLAGS, f"-XX:ArchiveClassesAtExit={tmp}"))
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _DUMP, options], env=env, timeout=timeout,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"dumping the tests' class-data archive failed (exit "
+                           f"{out.returncode}):\n{out.stderr[-3000:]}\n{out.stdout[-2000:]}")
+    tmp.replace(target)
+    for old in ROOT.glob("spark-*.jsa"):
+        if old != target:
+            old.unlink(missing_ok=True)
+    print(f"tests/spark_jvm.py: dumped {target.name} "
+          f"({target.stat().st_size >> 20} MiB) in {time.monotonic() - start:.0f} s")
+    return target
+
+
+if __name__ == "__main__":
+    ensure_archive()
