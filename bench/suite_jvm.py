@@ -1,8 +1,8 @@
 """What a JVM option costs or saves a short-lived Spark driver: the figure behind the test
-suite's ``tests/spark-conf`` (docs/reliability.md, "The test suite's time").
+suite's ``tests/spark_jvm.py`` (docs/reliability.md, "The test suite's time").
 
     .venv/bin/python -m bench.suite_jvm [--jobs 3 40] [--rounds 3]
-        [--options "" "-XX:TieredStopAtLevel=1"]
+        [--options "" "-XX:TieredStopAtLevel=1"] [--cds]
 
 Each measurement is a fresh interpreter that starts a ``local[2]`` session the way the
 daemon does (:func:`lamina.compacter.spark.build_session`, with
@@ -10,9 +10,11 @@ daemon does (:func:`lamina.compacter.spark.build_session`, with
 jobs (a ``mapInArrow`` over 200,000 rows in 4 partitions, then a group-by: the shape of a
 pack of small steps), and reports the JVM's own CPU time (user + system, from
 ``/proc/<pid>/stat``) and the wall time from start to the last job. Option sets alternate
-round by round; the medians are printed with each set's ratio to the first. CPU time, not
-wall time, is the figure: the suite is CPU-bound on 2 cores, so a JVM's CPU is what it takes
-from every other test.
+round by round; the medians are printed with each set's ratio to the first. ``--cds`` adds
+the last set with a class-data-sharing archive (``-XX:SharedArchiveFile``), which one more
+driver of that set dumps first (``-XX:ArchiveClassesAtExit``): what tests/spark_jvm.py does
+for the test suite. CPU time, not wall time, is the figure: the suite is CPU-bound on 2
+cores, so a JVM's CPU is what it takes from every other test.
 
 Prints a table; writes no result file (it measures the test suite, not lamina).
 """
@@ -51,7 +53,9 @@ print(json.dumps({"jvm_cpu": cpu, "wall": wall}))
 
 def measure(options: str, jobs: int, conf_dir: str) -> dict[str, float]:
     """One fresh driver with ``options``; its JVM CPU and wall seconds."""
-    env = {**os.environ, "SPARK_CONF_DIR": conf_dir}  # no spark-defaults.conf of a caller's
+    # no spark-defaults.conf or properties file of a caller's
+    env = {**os.environ, "SPARK_CONF_DIR": conf_dir}
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
     out = subprocess.run([sys.executable, "-c", CHILD, options, str(jobs)], env=env,
                          capture_output=True, text=True, timeout=600, check=False)
     lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
@@ -67,8 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, nargs="+", default=[3, 40])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--options", nargs="+", default=["", "-XX:TieredStopAtLevel=1"])
+    parser.add_argument("--cds", action="store_true",
+                        help="also the last option set with a class-data archive, dumped "
+                             "first by a driver of the same options (tests/spark_jvm.py)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as conf_dir:
+    # the conf dir stays empty: Spark puts it on the class path, and class-data sharing
+    # refuses a non-empty directory there
+    with tempfile.TemporaryDirectory() as conf_dir, tempfile.TemporaryDirectory() as work:
+        if args.cds:
+            archive = os.path.join(work, "spark.jsa")
+            last = args.options[-1]
+            measure(f"{last} -XX:ArchiveClassesAtExit={archive}", 3, conf_dir)
+            args.options.append(f"{last} -XX:SharedArchiveFile={archive}")
         runs: dict[tuple[int, str], list[dict[str, float]]] = {
             (j, o): [] for j in args.jobs for o in args.options}
         for r in range(args.rounds):
@@ -83,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu = statistics.median(x["jvm_cpu"] for x in runs[(jobs, opts)])
             wall = statistics.median(x["wall"] for x in runs[(jobs, opts)])
             first = cpu if first is None else first
-            print(f"{jobs:>5}  {opts or '(defaults)':<28} {cpu:>10.2f} {wall:>8.1f} "
+            shown = opts.replace(work, "<tmp>") if opts else "(defaults)"
+            print(f"{jobs:>5}  {shown:<28} {cpu:>10.2f} {wall:>8.1f} "
                   f"{cpu / first:>10.2f}")
     return 0
 
