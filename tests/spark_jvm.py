@@ -15,10 +15,10 @@ defaults; a long-lived daemon earns back what they save):
   tests.spark_jvm``, which ``make pytest`` runs first); a JVM then maps the classes,
   already parsed and verified, instead of reading and verifying them from Spark's jars.
   The same driver: 12.9 s with C1 only, 6.8 s with the archive too (40 jobs: 29.4 s,
-  21.0 s; ``python -m bench.suite_jvm --options " -XX:TieredStopAtLevel=1" --cds``). A JVM whose class path differs from the dump's, or that starts
-  while no archive exists yet, runs as it would without it (``-Xlog:cds=off`` keeps it
-  from saying so on stdout). The options choose how the JVM loads and compiles, not what
-  it computes.
+  21.0 s; ``python -m bench.suite_jvm --options " -XX:TieredStopAtLevel=1" --cds``). A
+  JVM whose class path differs from the dump's, or that starts while no archive exists
+  yet, runs as it would without it (``-Xlog:cds=off`` keeps it from saying so on stdout).
+  The options choose how the JVM loads and compiles, not what it computes.
 
 How they reach every JVM: :func:`environment` (set by tests/conftest.py, inherited by every
 process a test starts)
@@ -68,8 +68,10 @@ def _spark_jars() -> Path:
 def archive_path() -> Path:
     """Where the archive for this machine's Java and Spark is (it may not exist yet)."""
     digest = hashlib.sha256()
-    java = shutil.which("java")
-    for path in [Path(java).resolve() if java else None,
+    # the java Spark's launcher runs: $JAVA_HOME/bin/java if set, else the one on PATH
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    for path in [Path(java).resolve() if java and Path(java).exists() else None,
                  *sorted(_spark_jars().glob("*.jar"))]:
         if path is not None:
             st = path.stat()
