@@ -38,7 +38,14 @@ pytest: $(STAMP) java
 	$(BIN)/python -m tests.spark_jvm
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# The archive's dump (tests/spark_jvm.py: about 30 s, mostly one JVM, once per machine) runs
+# beside lint and typecheck; pytest's own call of it then finds the archive there.
+test: $(STAMP) java
+	@$(BIN)/python -m tests.spark_jvm > $(VENV)/spark_jvm.log 2>&1 & dump=$$!; \
+	  $(MAKE) --no-print-directory lint typecheck; checks=$$?; \
+	  wait $$dump; dumped=$$?; cat $(VENV)/spark_jvm.log; \
+	  [ $$checks -eq 0 ] && [ $$dumped -eq 0 ]
+	$(MAKE) --no-print-directory pytest
 
 bench: $(STAMP) java
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
