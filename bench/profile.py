@@ -20,9 +20,10 @@ diffs as int64 and as decimal128(38, 0) (what ``lamina.consolidate`` chooses bet
 
 ``wal`` times the pieces of an append of bench/wal_append.py's 10,000-row batches (eight
 distinct ones, so caches do not flatter it) in the loop, ``--runs`` appends a round: the
-input check (``conform_updates``), the encoding (``UpdatesEncoder.encode``: the record's
-pieces, no copy, CRC32C included), the time check, ``os.writev`` and ``os.fdatasync`` of
-the record; then ``Relation.append`` (fsync "always") whole, for comparison.
+input checks (``conform_updates``, ``check_diffs``), the encoding
+(``UpdatesEncoder.encode``: the record's pieces, no copy, CRC32C included), the time check
+(``least_time``), ``os.writev`` and ``os.fdatasync`` of the record; then
+``Relation.append`` (fsync "always") whole, for comparison.
 """
 
 from __future__ import annotations
@@ -183,15 +184,14 @@ def sums(scale: float) -> None:
 def wal(runs: int) -> None:
     import os
 
-    import pyarrow.compute as pc
-
     from bench.wal_append import SCHEMA, make_batches
     from lamina import Store
-    from lamina.schema import TIME, conform_updates
+    from lamina.schema import check_diffs, conform_updates
+    from lamina.wal.log import least_time
     from lamina.wal.record import UpdatesEncoder
 
     batches = make_batches(10_000)
-    names = ("conform_updates", "UpdatesEncoder.encode", "time check (min_max)",
+    names = ("conform_updates + check_diffs", "UpdatesEncoder.encode", "time check (least_time)",
              "os.writev", "os.fdatasync")
     steps: dict[str, list[float]] = {k: [] for k in names}
     appends: list[float] = []
@@ -206,11 +206,11 @@ def wal(runs: int) -> None:
             acc = [0.0] * len(names)
             for i in range(runs):
                 t0 = time.perf_counter()
-                table = conform_updates(meta, batches[i % 8])
+                table = check_diffs(meta, conform_updates(meta, batches[i % 8]))
                 t1 = time.perf_counter()
                 record, size = encoder.encode(table)
                 t2 = time.perf_counter()
-                pc.min_max(table.column(TIME))
+                least_time(table.column(table.num_columns - 2))
                 t3 = time.perf_counter()
                 os.writev(fd, record)
                 t4 = time.perf_counter()
@@ -228,7 +228,7 @@ def wal(runs: int) -> None:
     print(f"ms per append of 10,000 updates ({size:,} record bytes), the pieces of an append "
           f"timed in the loop, 5 rounds of {runs}:")
     for name, ms in [*steps.items(), ("Relation.append (all of it)", appends)]:
-        print(f"  {name:28s} median {sorted(ms)[2]:.3f}  ({' '.join(f'{m:.3f}' for m in ms)})")
+        print(f"  {name:30s} median {sorted(ms)[2]:.3f}  ({' '.join(f'{m:.3f}' for m in ms)})")
 
 
 def main(argv: list[str] | None = None) -> int:
