@@ -32,13 +32,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# tests/spark_jvm.py: the class-data archive every JVM of the run maps (dumped once per
-# machine, Java and Spark; about 20 s)
+# tests/spark_jvm.py: the class-data archive the run's drivers map (dumped once per machine,
+# Java and Spark; 25 to 36 s)
 pytest: $(STAMP) java
 	$(BIN)/python -m tests.spark_jvm
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The archive's dump (tests/spark_jvm.py: about 30 s, mostly one JVM, once per machine) runs
+# The archive's dump (tests/spark_jvm.py: 25 to 36 s, mostly one JVM, once per machine) runs
 # beside lint and typecheck; pytest's own call of it then finds the archive there.
 test: $(STAMP) java
 	@$(BIN)/python -m tests.spark_jvm > $(VENV)/spark_jvm.log 2>&1 & dump=$$!; \
@@ -52,4 +52,4 @@ bench: $(STAMP) java
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache tests/.jvm

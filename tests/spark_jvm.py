@@ -16,9 +16,11 @@ defaults; a long-lived daemon earns back what they save):
   already parsed and verified, instead of reading and verifying them from Spark's jars.
   The same driver: 12.9 s with C1 only, 6.8 s with the archive too (40 jobs: 29.4 s,
   21.0 s; ``python -m bench.suite_jvm --options " -XX:TieredStopAtLevel=1" --cds``). A
-  JVM whose class path differs from the dump's, or that starts while no archive exists
-  yet, runs as it would without it (``-Xlog:cds=off`` keeps it from saying so on stdout).
-  The options choose how the JVM loads and compiles, not what it computes.
+  JVM whose class path differs from the dump's runs as it would without the archive
+  (``-Xlog:cds=off`` keeps it from saying so on stdout); a standalone cluster's master and
+  worker, whose class path does differ, are given C1 only. Until the archive exists the
+  JVMs are not told of it. The options choose how the JVM loads and compiles, not what it
+  computes.
 
 How they reach every JVM: :func:`environment` (set by tests/conftest.py, inherited by every
 process a test starts)
@@ -42,8 +44,11 @@ makes a new one and never maps a stale one.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -60,9 +65,10 @@ PROPERTIES = ROOT / "spark-defaults.conf"
 
 
 def _spark_jars() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "jars"
+    spec = importlib.util.find_spec("pyspark")  # found, not imported: conftest calls this
+    if spec is None or spec.origin is None:
+        raise RuntimeError("pyspark is not installed: `make` installs it into .venv")
+    return Path(spec.origin).parent / "jars"
 
 
 def archive_path() -> Path:
@@ -80,9 +86,19 @@ def archive_path() -> Path:
     return ROOT / f"spark-{digest.hexdigest()[:16]}.jsa"
 
 
+def current_archive() -> Path | None:
+    """The archive if it has been dumped. Only an existing one is named to the JVMs: one
+    given a ``-XX:SharedArchiveFile`` it cannot read would also go without the JDK's own
+    base archive, and start slower than with no option at all."""
+    path = archive_path()
+    return path if path.exists() else None
+
+
 def java_options(archive: Path | None) -> str:
-    """The options of the run's drivers and executors."""
-    cds = (*QUIET_CDS, f"-XX:SharedArchiveFile={archive}") if archive is not None else ()
+    """The options of the run's drivers and executors (Spark splits them like a shell, so a
+    path with a space is quoted)."""
+    cds = ((*QUIET_CDS, "-XX:SharedArchiveFile=" + shlex.quote(str(archive)))
+           if archive is not None else ())
     return " ".join((*FLAGS, *cds))
 
 
@@ -97,21 +113,24 @@ def properties_text(archive: Path | None, extra: str = "") -> str:
 
 def submit_args(properties: Path) -> str:
     """``PYSPARK_SUBMIT_ARGS`` for drivers that read ``properties``."""
-    return f"--properties-file {properties} pyspark-shell"
+    return f"--properties-file {shlex.quote(str(properties))} pyspark-shell"
 
 
 def environment() -> dict[str, str]:
-    """The variables that give every JVM a test starts the suite's options."""
+    """The variables that give every JVM a test starts the suite's options. A standalone
+    master and worker get C1 only: their class path puts ``slf4j-api`` before Spark's
+    other jars, unlike a driver's, so the archive would not match it."""
     return {"SPARK_CONF_DIR": str(CONF_DIR),
             "PYSPARK_SUBMIT_ARGS": submit_args(PROPERTIES),
             "SPARK_DAEMON_JAVA_OPTS": java_options(None)}
 
 
 def write_properties() -> None:
-    """Write :data:`PROPERTIES` (naming the archive, whether or not it exists yet: a JVM
-    that finds none runs without) and create the empty :data:`CONF_DIR`."""
+    """Write :data:`PROPERTIES` (naming the archive if it has been dumped) and create the
+    empty :data:`CONF_DIR`. Each process writes its own file and renames it into place, so
+    xdist workers starting together never leave a half-written one."""
     CONF_DIR.mkdir(parents=True, exist_ok=True)
-    text = properties_text(archive_path())
+    text = properties_text(current_archive())
     if not PROPERTIES.exists() or PROPERTIES.read_text() != text:
         tmp = PROPERTIES.with_name(f".{PROPERTIES.name}.{os.getpid()}")
         tmp.write_text(text)
@@ -138,32 +157,61 @@ spark.stop()
 
 
 def ensure_archive(timeout: float = 600.0) -> Path:
-    """Dump the archive if this machine has none yet (about 20 s: a driver, a few jobs,
-    then the dump at its exit); return its path. Raises RuntimeError naming the JVM's
-    output if the dump fails. Concurrent callers each dump to their own file and the last
-    rename wins; older archives (another Java or Spark) are removed."""
-    write_properties()
+    """Dump the archive if this machine has none yet (25 to 36 s on 2 cores: a driver, a
+    few jobs, then the dump at its exit); return its path. Raises RuntimeError naming the
+    JVM's output if the dump fails or outlasts ``timeout``. Concurrent callers each dump to
+    their own file and the last rename wins; older archives (another Java or Spark) are
+    removed. Writes :data:`PROPERTIES` either way."""
+    write_properties()  # the dumping driver reads it (without the archive, not there yet)
     target = archive_path()
     if target.exists():
         return target
     tmp = target.with_name(f".{target.stem}.{os.getpid()}.jsa")
     env = {**os.environ, **environment()}
-    options = " ".join((*FLAGS, f"-XX:ArchiveClassesAtExit={tmp}"))
+    options = " ".join((*FLAGS, "-XX:ArchiveClassesAtExit=" + shlex.quote(str(tmp))))
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", _DUMP, options], env=env, timeout=timeout,
-                         capture_output=True, text=True, check=False)
-    if out.returncode != 0 or not tmp.exists():
+    # Its own session, so a timeout kills the JVM too. The pipes matter: the JVM inherits
+    # them and writes the archive after the Python child has exited, and communicate()
+    # returns only when the last holder (the JVM) has closed them.
+    proc = subprocess.Popen([sys.executable, "-c", _DUMP, options], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"dumping the tests' class-data archive took over {timeout:.0f} s:"
+                           f"\n{err[-3000:]}") from None
+    if proc.returncode != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"dumping the tests' class-data archive failed (exit "
-                           f"{out.returncode}):\n{out.stderr[-3000:]}\n{out.stdout[-2000:]}")
+                           f"{proc.returncode}):\n{err[-3000:]}\n{out[-2000:]}")
     tmp.replace(target)
     for old in ROOT.glob("spark-*.jsa"):
         if old != target:
             old.unlink(missing_ok=True)
+    write_properties()
     print(f"tests/spark_jvm.py: dumped {target.name} "
           f"({target.stat().st_size >> 20} MiB) in {time.monotonic() - start:.0f} s")
     return target
 
 
+def main() -> int:
+    """``python -m tests.spark_jvm``: dump the archive. A failure fails CI (``CI`` set),
+    where tests/test_suite_jvm.py requires the archive; elsewhere the suite runs without
+    it, slower, and this says so."""
+    try:
+        ensure_archive()
+    except RuntimeError as exc:
+        print(f"tests/spark_jvm.py: {exc}", file=sys.stderr)
+        if os.environ.get("CI"):
+            return 1
+        print("tests/spark_jvm.py: the tests' JVMs run without a class-data archive",
+              file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
-    ensure_archive()
+    raise SystemExit(main())

@@ -9,6 +9,8 @@ would only show as a slower suite."""
 from __future__ import annotations
 
 import os
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,13 +30,27 @@ def test_the_environment_is_the_suites() -> None:
     assert spark_jvm.CONF_DIR.is_dir()
     assert not list(spark_jvm.CONF_DIR.iterdir())
     properties = spark_jvm.PROPERTIES.read_text()
-    archive = f"-XX:SharedArchiveFile={spark_jvm.archive_path()}"
+    archive = spark_jvm.current_archive()
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         line = next(x for x in properties.splitlines() if x.startswith(key))
-        for flag in (*spark_jvm.FLAGS, archive):
-            assert flag in line.split(), line
+        options = shlex.split(line.removeprefix(key))
+        for flag in spark_jvm.FLAGS:
+            assert flag in options, line
+        if archive is None:  # not named until dumped (spark_jvm.current_archive)
+            assert not any(o.startswith("-XX:SharedArchiveFile") for o in options), line
+        else:
+            assert f"-XX:SharedArchiveFile={archive}" in options, line
     for flag in spark_jvm.FLAGS:
         assert flag in os.environ["SPARK_DAEMON_JAVA_OPTS"].split()
+
+
+def test_paths_with_spaces_are_quoted_as_spark_splits_them(tmp_path: Path) -> None:
+    """PySpark splits PYSPARK_SUBMIT_ARGS with shlex, Spark splits extraJavaOptions the
+    same way: a checkout under a directory with a space keeps its paths whole."""
+    archive, properties = tmp_path / "a b" / "x.jsa", tmp_path / "c d" / "p.conf"
+    assert f"-XX:SharedArchiveFile={archive}" in shlex.split(spark_jvm.java_options(archive))
+    assert shlex.split(spark_jvm.submit_args(properties)) == [
+        "--properties-file", str(properties), "pyspark-shell"]
 
 
 def test_the_archive_key_follows_the_options(monkeypatch: pytest.MonkeyPatch) -> None:

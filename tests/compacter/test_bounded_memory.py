@@ -251,7 +251,9 @@ def test_backlog_four_times_the_driver_memory_converts(tmp_path: Path) -> None:
     assert f"-Xmx{DRIVER_MEMORY}".encode() in sampler.jvm_argv, sampler.jvm_argv
     # the suite's JVM options and class-data archive (tests/spark_jvm.py) reached a daemon's
     # driver
-    for flag in (*spark_jvm.FLAGS, f"-XX:SharedArchiveFile={spark_jvm.archive_path()}"):
+    archive = spark_jvm.current_archive()
+    cds = () if archive is None else (f"-XX:SharedArchiveFile={archive}",)
+    for flag in (*spark_jvm.FLAGS, *cds):
         assert flag.encode() in sampler.jvm_argv, sampler.jvm_argv
     daemon_peak, jvm_peak = sampler.peak("daemon"), sampler.peak("jvm")
     worker_peak = sampler.peak("python worker")

@@ -20,6 +20,7 @@ from lamina.compacter.executors import ConversionResult, reference
 from lamina.trace.batch import PartFile
 from lamina.trace.plan import plan_conversion
 from lamina.trace.state import PendingPart
+from tests import spark_jvm
 from tests.compacter.cluster import StandaloneCluster, run_child, standalone_cluster
 from tests.compacter.workload import (
     STR_KEY,
@@ -89,4 +90,5 @@ def assert_suite_jvm_options(cluster: StandaloneCluster) -> None:
                 for p in cluster.work.glob("worker/app-*/*/stderr")]
     assert launched, "no executor was launched"
     for argv in [*daemons, *(" ".join(lines) for lines in launched)]:
-        assert "-XX:TieredStopAtLevel=1" in argv, argv
+        for flag in spark_jvm.FLAGS:
+            assert flag in argv, argv

@@ -158,7 +158,7 @@ def test_task_worker_and_executor_failures_are_retried(tmp_path: Path) -> None:
     worker_env = {"LAMINA_FAILPOINTS": "fs.before_rename=error@1,fs.after_rename=sleep:30@1",
                   "LAMINA_FAILPOINTS_SHARED": str(shared)}
     properties = tmp_path / "spark-defaults.conf"  # the suite's JVM options, and this test's
-    properties.write_text(spark_jvm.properties_text(spark_jvm.archive_path(), SPARK_DEFAULTS))
+    properties.write_text(spark_jvm.properties_text(spark_jvm.current_archive(), SPARK_DEFAULTS))
     writer = start_workload(data, ack, seed=11, ops=120, quiet=True)
 
     with standalone_cluster(tmp_path / "spark", workers=0) as cluster, \
