@@ -16,11 +16,12 @@ defaults; a long-lived daemon earns back what they save):
   already parsed and verified, instead of reading and verifying them from Spark's jars.
   The same driver: 12.9 s with C1 only, 6.8 s with the archive too (40 jobs: 29.4 s,
   21.0 s; ``python -m bench.suite_jvm --options " -XX:TieredStopAtLevel=1" --cds``). A
-  JVM whose class path differs from the dump's runs as it would without the archive
-  (``-Xlog:cds=off`` keeps it from saying so on stdout); a standalone cluster's master and
-  worker, whose class path does differ, are given C1 only. Until the archive exists the
-  JVMs are not told of it. The options choose how the JVM loads and compiles, not what it
-  computes.
+  JVM whose class path differs from the dump's would run as it would without the archive
+  (``-Xlog:cds=off`` keeps it from saying so on stdout); the drivers and a standalone
+  cluster's master, worker and executors all map it (tests/test_suite_jvm.py and
+  tests/compacter/test_cluster.py check the maps of the drivers, master and worker). Until
+  the archive exists the JVMs are not told of it. The options choose how the JVM loads and
+  compiles, not what it computes.
 
 How they reach every JVM: :func:`environment` (set by tests/conftest.py, inherited by every
 process a test starts)
@@ -117,12 +118,11 @@ def submit_args(properties: Path) -> str:
 
 
 def environment() -> dict[str, str]:
-    """The variables that give every JVM a test starts the suite's options. A standalone
-    master and worker get C1 only: their class path puts ``slf4j-api`` before Spark's
-    other jars, unlike a driver's, so the archive would not match it."""
+    """The variables that give every JVM a test starts the suite's options (the archive
+    once it exists: a standalone master and worker map it like a driver)."""
     return {"SPARK_CONF_DIR": str(CONF_DIR),
             "PYSPARK_SUBMIT_ARGS": submit_args(PROPERTIES),
-            "SPARK_DAEMON_JAVA_OPTS": java_options(None)}
+            "SPARK_DAEMON_JAVA_OPTS": java_options(current_archive())}
 
 
 def write_properties() -> None:

@@ -70,18 +70,21 @@ def test_conversion_on_a_standalone_cluster(cluster: StandaloneCluster, tmp_path
 
 
 def assert_suite_jvm_options(cluster: StandaloneCluster) -> None:
-    """The suite's JVM options (tests/spark_jvm.py, tests/test_suite_jvm.py) reached the
-    master and the worker (``SPARK_DAEMON_JAVA_OPTS``, their command lines) and the
-    application's executor (``spark.executor.extraJavaOptions``: the worker writes the
-    command it launched at the top of the executor's stderr)."""
+    """The suite's JVM options and class-data archive (tests/spark_jvm.py,
+    tests/test_suite_jvm.py) reached the master and the worker (``SPARK_DAEMON_JAVA_OPTS``:
+    their command lines, and the archive in their memory maps) and the application's
+    executor (``spark.executor.extraJavaOptions``: the worker writes the command it
+    launched at the top of the executor's stderr)."""
+    archive = spark_jvm.current_archive()
     groups = {p.pid for p in cluster.procs}
-    daemons = []
+    daemons, maps = [], []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and os.getpgid(int(entry.name)) in groups:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
                 if argv[0].endswith(b"java"):
                     daemons.append(b" ".join(argv).decode())
+                    maps.append((entry / "maps").read_text())
         except (OSError, ProcessLookupError):
             continue  # gone meanwhile
     assert sum("deploy.master.Master" in a for a in daemons) == 1, daemons
@@ -89,6 +92,10 @@ def assert_suite_jvm_options(cluster: StandaloneCluster) -> None:
     launched = [p.read_text(errors="replace").split("\n", 3)[:3]
                 for p in cluster.work.glob("worker/app-*/*/stderr")]
     assert launched, "no executor was launched"
+    cds = () if archive is None else (f"-XX:SharedArchiveFile={archive}",)
     for argv in [*daemons, *(" ".join(lines) for lines in launched)]:
-        for flag in spark_jvm.FLAGS:
+        for flag in (*spark_jvm.FLAGS, *cds):
             assert flag in argv, argv
+    if archive is not None:
+        for argv, mapped in zip(daemons, maps, strict=True):
+            assert str(archive) in mapped, f"{argv[-200:]} did not map {archive}"
