@@ -96,8 +96,8 @@ def current_archive() -> Path | None:
 
 
 def java_options(archive: Path | None) -> str:
-    """The options of the run's drivers and executors (Spark splits them like a shell, so a
-    path with a space is quoted)."""
+    """The options of the run's JVMs (Spark splits them like a shell, so a path with a
+    space is quoted)."""
     cds = ((*QUIET_CDS, "-XX:SharedArchiveFile=" + shlex.quote(str(archive)))
            if archive is not None else ())
     return " ".join((*FLAGS, *cds))
