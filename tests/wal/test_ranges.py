@@ -131,3 +131,59 @@ def test_a_compressed_record_that_does_not_decompress_is_corruption(
             read_all([item], store)
         assert info.value.offset == victim.offset
         assert str(info.value.path) == where
+
+
+def test_compressed_segments_are_cut_and_weighed_by_their_decoded_bytes(
+        tmp_path: Path) -> None:
+    """A decode task holds its share decoded, so a compressed segment is sized by what its
+    updates take decoded (a sample of its records), not by its file: the same updates
+    written uncompressed, with lz4 and with zstd give spans of about the same decoded
+    bytes, about as many ranges for one target, and work items of about that weight;
+    every update is still read back once."""
+    from lamina.compacter.step.work import WalRange, input_bytes, pack
+
+    spans = {}
+    for codec in ("none", "lz4", "zstd"):
+        wal = tmp_path / codec
+        write_log(wal, [codec] * 8, version=1 if codec == "none" else 2)
+        [spans[codec]] = segment_spans(wal, NAME)
+    assert spans["none"].expansion == 1.0
+    assert spans["lz4"].expansion > 2
+    assert spans["zstd"].expansion > spans["lz4"].expansion
+    decoded = spans["none"].decoded_bytes
+    target = decoded // 4
+    for codec, span in spans.items():
+        assert span.bytes < decoded or codec == "none"
+        assert 0.8 * decoded < span.decoded_bytes < 1.25 * decoded, codec
+        assert input_bytes([span], []) == span.decoded_bytes
+        ranges = segment_ranges(span, NAME, target)
+        assert 3 <= len(ranges) <= 5, (codec, len(ranges))
+        items = [WalRange(r) for r in ranges]
+        assert all(i.weight <= 1.5 * target for i in items[:-1]), codec
+        assert sum(i.weight for i in items) == pytest.approx(span.decoded_bytes, rel=0.01)
+        assert len(pack(items, target)) == len(ranges)
+        assert sum(t.num_rows for t in read_all(ranges)) == 8 * 500
+
+
+def test_the_expansion_sample_of_a_damaged_or_empty_segment(tmp_path: Path) -> None:
+    """A damaged sample counts as UNSAMPLED_EXPANSION (the larger estimate, so smaller
+    tasks; the conversion's read reports the damage itself), and a compressed segment
+    with no update record expands by 1."""
+    from lamina.wal.reader import UNSAMPLED_EXPANSION, sampled_expansion
+
+    wal = tmp_path / "wal"
+    write_log(wal, ["zstd", "zstd"])
+    [seg] = [s for s in list_segments(wal) if s.finished]
+    healthy = sampled_expansion(seg.path, NAME, seg.seq)
+    assert 1 < healthy < UNSAMPLED_EXPANSION
+    first_updates = next(r for r in scan_file(seg, NAME)[0].records
+                         if r.rtype is RecordType.UPDATES)
+    data = bytearray(seg.path.read_bytes())
+    data[first_updates.offset + 20] ^= 0xFF  # inside the payload: its checksum fails
+    seg.path.write_bytes(bytes(data))
+    assert sampled_expansion(seg.path, NAME, seg.seq) == UNSAMPLED_EXPANSION
+
+    empty = tmp_path / "empty"
+    write_log(empty, [])
+    [seg] = [s for s in list_segments(empty) if s.finished]
+    assert sampled_expansion(seg.path, NAME, seg.seq) == 1.0

@@ -66,14 +66,23 @@ class SegmentRange:
     upper: int
     staged: str | None = None
     """The key of the segment's staged copy in the trace store, read instead of ``path``."""
+    expansion: float = 1.0
+    """The segment's :attr:`~lamina.wal.reader.SegmentSpan.expansion`."""
 
     @property
     def bytes(self) -> int:
         return self.end - self.start
 
+    @property
+    def decoded_bytes(self) -> int:
+        """About how many bytes the range's updates take decoded."""
+        return round(self.bytes * self.expansion)
+
 
 def segment_ranges(span: SegmentSpan, relation: str, target: int) -> list[SegmentRange]:
-    """Cut a finished segment into record-aligned byte ranges of about ``target`` bytes.
+    """Cut a finished segment into record-aligned byte ranges of about ``target`` bytes
+    decoded (file bytes times the span's ``expansion``: a compressed segment is cut
+    into more ranges than an uncompressed one of its size).
 
     Only frame headers are read (through a read-only mmap); checksums are verified by
     :func:`range_updates`. A frame whose length runs past the end of the file stops the
@@ -82,6 +91,7 @@ def segment_ranges(span: SegmentSpan, relation: str, target: int) -> list[Segmen
     path = Path(span.path)
     start = len(encode_header(relation, span.seq))
     size = path.stat().st_size
+    target = max(1, int(target / span.expansion))  # in file bytes
     cuts = [start]
     if size - start > target:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -96,7 +106,8 @@ def segment_ranges(span: SegmentSpan, relation: str, target: int) -> list[Segmen
                     cuts.append(off)
     cuts.append(max(size, start))
     return [SegmentRange(path=str(path), seq=span.seq, start=a, end=b, first=i == 0,
-                         last=i == len(cuts) - 2, lower=span.lower, upper=span.upper)
+                         last=i == len(cuts) - 2, lower=span.lower, upper=span.upper,
+                         expansion=span.expansion)
             for i, (a, b) in enumerate(itertools.pairwise(cuts))]
 
 

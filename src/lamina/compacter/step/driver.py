@@ -188,7 +188,7 @@ def _context(trace: Trace, spec: StepSpec, *, share: int, n_write: int, tuning: 
     meta = trace.meta
     items: list[WorkItem] = []
     for span in spec.segments:
-        target = share if span.bytes > share else span.bytes + 1
+        target = share if span.decoded_bytes > share else span.decoded_bytes + 1
         staged = stage(trace.store, span) if stage_segments else None
         items.extend(WalRange(replace(r, staged=staged))
                      for r in segment_ranges(span, meta.name, target))

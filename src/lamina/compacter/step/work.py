@@ -1,10 +1,13 @@
 """Work items: how a step's inputs are cut into the decode tasks' shares.
 
-The driver never reads data. It cuts the inputs into work items: WAL segments into
-record-aligned byte ranges (:func:`lamina.wal.ranges.segment_ranges`, which walks the
-frame headers only when a segment is bigger than a task's share), and Parquet parts
-(consumed pending parts, merge parents) whole. Each item has a *weight*, the bytes it
-stands for (a Parquet part's compressed bytes count :data:`PARQUET_EXPANSION` times), and
+The driver never reads data (but for a sample of two records of each WAL segment whose
+records may be compressed, :func:`lamina.wal.reader.sampled_expansion`). It cuts the inputs
+into work items: WAL segments into record-aligned byte ranges
+(:func:`lamina.wal.ranges.segment_ranges`, which walks the frame headers only when a
+segment is bigger than a task's share), and Parquet parts (consumed pending parts, merge
+parents) whole. Each item has a *weight*, the bytes it stands for decoded (a compressed
+segment's bytes times its sampled expansion, a Parquet part's compressed bytes
+:data:`PARQUET_EXPANSION` times), and
 :func:`pack` groups consecutive items into task groups by weight. A group is never empty,
 except the one group of a step with no input.
 """
@@ -52,7 +55,7 @@ class WalRange:
 
     @property
     def weight(self) -> int:
-        return self.range.bytes
+        return self.range.decoded_bytes
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,11 @@ WorkItem = WalRange | PartInput
 
 
 def input_bytes(segments: Sequence[SegmentSpan], parts: Sequence[PartFile]) -> int:
-    """What a step reads, as it is sized: WAL bytes, and Parquet bytes
-    :data:`PARQUET_EXPANSION` times (a step of at most ``single_task_bytes`` is small)."""
-    return sum(s.bytes for s in segments) + sum(p.bytes for p in parts) * PARQUET_EXPANSION
+    """What a step reads, as it is sized: WAL bytes decoded (a compressed segment's bytes
+    times its sampled expansion), and Parquet bytes :data:`PARQUET_EXPANSION` times (a
+    step of at most ``single_task_bytes`` is small)."""
+    return (sum(s.decoded_bytes for s in segments)
+            + sum(p.bytes for p in parts) * PARQUET_EXPANSION)
 
 
 def pack(items: Sequence[WorkItem], target: int) -> list[tuple[WorkItem, ...]]:
