@@ -44,11 +44,19 @@ from bench.peers_stream import CELLS, ensure
 
 NAME = "peers"
 DEFAULT_CELLS = ("1m-k200-50k", "1m-k200-1m", "1m-k2000-50k", "1m-k2000-1m", "1m-churn")
-TARGETS = {"throughput": (">=", 3.0), "end_bytes": ("<=", 0.6), "read_latest": ("<=", 1.0)}
+TARGETS = {"throughput": (">=", 3.0), "end_bytes": ("<=", 0.6), "read_latest": ("<=", 1.0),
+           "read_latest_first": ("<=", 1.0)}
+"""lamina / durable Delta, per figure (issue 23 added the first read of a process)."""
+PEAK_TARGET = ("<=", 1.5)
+"""Peak bytes on disk during a run, lamina / durable Delta; held against every lamina
+contender that keeps one version (``peak_bytes`` for ``lamina``, ``peak_bytes, WAL zstd``
+and so on for the ones whose WAL is compressed)."""
+PEAK_CONTENDERS = ("lamina", "lamina-lz4", "lamina-zstd")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:peers -->", "<!-- /bench:peers -->"
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = {"lamina": "lamina", "lamina-default": "lamina, 8 versions kept (default)",
+          "lamina-lz4": "lamina, WAL lz4", "lamina-zstd": "lamina, WAL zstd",
           "delta": "Delta durable", "delta-nofsync": "Delta, no fsync",
           "delta-merge": "Delta MERGE (keyed)"}
 
@@ -145,14 +153,20 @@ def gate(contenders: dict[str, Any], expected: str) -> dict[str, list[str]]:
 
 
 def ratios(contenders: dict[str, Any]) -> dict[str, Any]:
-    lam, base = contenders.get("lamina", {}), contenders.get("delta", {})
+    """lamina / durable Delta for each target figure, medians of the rounds."""
+    base = contenders.get("delta", {})
+    wanted = [("lamina", name, name, op_target) for name, op_target in TARGETS.items()]
+    wanted += [(c, "peak_bytes", "peak_bytes" if c == "lamina" else
+                f"peak_bytes, {LABELS[c].removeprefix('lamina, ')}", PEAK_TARGET)
+               for c in PEAK_CONTENDERS]
     out: dict[str, Any] = {}
-    for name, (op, target) in TARGETS.items():
-        if not lam.get(name) or not base.get(name):
+    for contender, fig, label, (op, target) in wanted:
+        lam = contenders.get(contender, {})
+        if not lam.get(fig) or not base.get(fig):
             continue
-        r = lam[name]["median"] / base[name]["median"]
-        out[name] = {"ratio": round(r, 3), "target": f"{op} {target}",
-                     "met": r >= target if op == ">=" else r <= target}
+        r = lam[fig]["median"] / base[fig]["median"]
+        out[label] = {"ratio": round(r, 3), "target": f"{op} {target}",
+                      "met": r >= target if op == ">=" else r <= target}
     return out
 
 
@@ -183,6 +197,32 @@ def run_cell(cell_name: str, contenders: list[str], rounds: int, budgets: dict[s
             "expected": expected, "rounds": rounds, "contenders": summary,
             "ratios": ratios(summary), "gate": "failed" if bad else "passed",
             "gate_mismatches": bad, "load_average_per_round": loads}
+
+
+def keep_earlier(result: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """A cell's new result, with the contenders of its ``previous`` result that this run
+    did not run kept as they were (a rerun of some contenders leaves the others' figures
+    in place). Each kept one is named in ``earlier`` with the run it comes from; the
+    gate stays this run's own, and the ratios are taken over all of them (a ratio may set
+    a contender of this run against one of an earlier run, as the table's notes say)."""
+    if previous is None:
+        return result
+    earlier = dict(previous.get("earlier", {}))
+    kept = {c: s for c, s in previous["contenders"].items() if c not in result["contenders"]}
+    for c in kept:
+        earlier.setdefault(c, {"when": previous["when"], "command": previous["command"]})
+    contenders = {**result["contenders"], **kept}
+    return {**result, "contenders": contenders, "ratios": ratios(contenders),
+            "earlier": {c: e for c, e in earlier.items() if c in kept}}
+
+
+def _by_run(earlier: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    """The kept contenders of a cell grouped by the run they come from, oldest first."""
+    runs: dict[tuple[str, str], list[str]] = {}
+    for c in CONTENDERS:
+        if c in earlier:
+            runs.setdefault((earlier[c]["when"], earlier[c]["command"]), []).append(c)
+    return dict(sorted(runs.items()))
 
 
 def _load(results: Path) -> dict[str, Any] | None:
@@ -216,8 +256,11 @@ def table(results: Path = report.RESULTS) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows, ratio_rows, foot = [], [], []
     for name, cell in doc["cells"].items():
-        for c, s in cell["contenders"].items():
-            label = LABELS.get(c, c)
+        earlier = cell.get("earlier", {})
+        order = {c: i for i, c in enumerate(CONTENDERS)}
+        for c, s in sorted(cell["contenders"].items(), key=lambda cs: order.get(cs[0], 99)):
+            label = LABELS.get(c, c) + (f" (run of {earlier[c]['when'][:16]}Z)"
+                                        if c in earlier else "")
             if not s["finished"]:
                 rows.append(f"| {name} | {label} | stopped by the budget after "
                             f"{s['appends_before_budget']} of {cell['cell']['appends']} "
@@ -239,13 +282,17 @@ def table(results: Path = report.RESULTS) -> str:
                 f"first {first} | "
                 f"{old} | {'yes' if s['time_travel_half_answers'] else 'no'} | "
                 f"{s['recovery_seconds']['median']:.3f} |")
-        for fig, r in cell["ratios"].items():
+        # from the summaries, so a target added later is shown for earlier runs too
+        for fig, r in ratios(cell["contenders"]).items():
             ratio_rows.append(f"| {name} | {fig} | {r['ratio']} | {r['target']} | "
                               f"{'yes' if r['met'] else '**no**'} |")
         load = cell["load_average"]
         foot.append(f"- `{name}` ({cell['when']}, {cell['rounds']} rounds, gate "
                     f"{cell['gate']}, load average {load['before'][0]} before, "
-                    f"{load['after'][0]} after, {cell['seconds']} s): `{cell['command']}`")
+                    f"{load['after'][0]} after, {cell['seconds']} s): `{cell['command']}`"
+                    + "".join(f"; {', '.join(f'`{c}`' for c in names)} from the run "
+                              f"of {when}: `{command}`"
+                              for (when, command), names in _by_run(earlier).items()))
     ratio_head = ["| cell | figure (lamina / Delta durable) | ratio | target | met |",
                   "|---|---|---|---|---|"]
     return "\n".join([*head, *rows, "", *ratio_head, *ratio_rows, "",
@@ -303,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                        for c in contenders}
             result = run.document(run_cell(cell, contenders, args.rounds, budgets))
             doc = _load(report.RESULTS) or {"benchmark": NAME, "cells": {}}
-            doc["cells"][cell] = result
+            result = doc["cells"][cell] = keep_earlier(result, doc["cells"].get(cell))
             doc.update({k: result[k] for k in ("when", "command", "load_average", "machine")})
             report.write_result(NAME, doc)
             plot(doc)

@@ -16,6 +16,9 @@ and prints one JSON line (the last line of stdout). Contenders:
   and two GC rounds passed.
 - ``lamina-default``: the same with the daemon's default retention, the last 8 trace
   versions' files (what readers of older states rely on), to show what it costs on disk.
+- ``lamina-lz4``, ``lamina-zstd``: ``lamina`` with the store's WAL records compressed
+  (``Store.open(wal_compression=...)``), to show what compression does to the peak bytes
+  (the unconverted WAL is most of lamina's peak) and to the append path.
 - ``delta``: ``write_deltalake(mode="append")`` per append with the upper in the commit
   (custom metadata and an app transaction), then fsync of the commit's data files, the
   commit file and both directories (delta-rs does not fsync on a local disk); every ``M``
@@ -57,11 +60,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers_delta import delta_recover, delta_writer, run_delta
-from bench.peers_lamina import KEEP_VERSIONS, lamina_recover, lamina_writer, run_lamina
+from bench.peers_lamina import (
+    KEEP_VERSIONS,
+    WAL_COMPRESSION,
+    lamina_recover,
+    lamina_writer,
+    run_lamina,
+)
 from bench.peers_measure import proc_io
 from bench.peers_stream import CELLS, Cell
 
-CONTENDERS = ("lamina", "lamina-default", "delta", "delta-nofsync", "delta-merge")
+CONTENDERS = ("lamina", "lamina-default", "lamina-lz4", "lamina-zstd", "delta", "delta-nofsync",
+              "delta-merge")
 
 
 def maintenance_every(cell: Cell) -> int:
@@ -79,7 +89,7 @@ def lag(cell: Cell) -> int:
 def writer(contender: str, cell: Cell, work: Path) -> int:
     """Append on after the run, printing ``acked <upper>`` once each append is durable."""
     if contender in KEEP_VERSIONS:
-        return lamina_writer(cell, work)
+        return lamina_writer(cell, work, WAL_COMPRESSION.get(contender, "none"))
     return delta_writer(contender, cell, work)
 
 
@@ -111,7 +121,8 @@ def run(contender: str, cell: Cell, work: Path, budget: float) -> dict[str, Any]
     every, behind = maintenance_every(cell), lag(cell)
     if contender in KEEP_VERSIONS:
         out = run_lamina(cell, work, budget, every=every, behind=behind,
-                         keep_versions=KEEP_VERSIONS[contender])
+                         keep_versions=KEEP_VERSIONS[contender],
+                         compression=WAL_COMPRESSION.get(contender, "none"))
     else:
         out = run_delta(cell, work, budget, contender, every=every, behind=behind)
     out["recovery"] = recovery(contender, cell, work)

@@ -33,24 +33,29 @@ import pyarrow as pa
 from bench.peers_measure import DiskSampler, disk, latencies, proc_io, timed_reads, tree_usage
 from bench.peers_stream import KEY, ROWS, SCHEMA, Cell, appends, checksum
 from bench.procs import serve_ready, start_serve, stop_group
+from lamina.wal.record import Compression
 
 SEGMENT_BYTES = 4 << 20
 SEGMENT_MAX_AGE = 5.0
 GC_INTERVAL = 2.0
-KEEP_VERSIONS = {"lamina": 1, "lamina-default": 8}
+KEEP_VERSIONS = {"lamina": 1, "lamina-default": 8, "lamina-lz4": 1, "lamina-zstd": 1}
 """Trace versions the daemon's GC keeps (``LAMINA_KEEP_VERSIONS``), per contender. With no
 grace and one version only the current version's files stay, as with Delta's
 zero-retention vacuum (``lamina``, the one held against the targets); ``lamina-default``
 keeps the daemon's default 8, which readers of older states rely on, to show what that
 retention costs on disk."""
+WAL_COMPRESSION: dict[str, Compression] = {"lamina-lz4": "lz4", "lamina-zstd": "zstd"}
+"""The WAL compression of the writing store (``Store.open(wal_compression=...)``), per
+contender; the others write with the default ("none")."""
 RELATION = "peers"
 
 
-def _open_store(data: Path, fsync: Literal["always", "never"]) -> Any:
+def _open_store(data: Path, fsync: Literal["always", "never"],
+                compression: Compression = "none") -> Any:
     from lamina import Store
 
     return Store.open(data, fsync=fsync, segment_bytes=SEGMENT_BYTES,
-                      segment_max_age_seconds=SEGMENT_MAX_AGE)
+                      segment_max_age_seconds=SEGMENT_MAX_AGE, wal_compression=compression)
 
 
 def _start_daemon(data: Path, log: Path, keep_versions: int) -> subprocess.Popen[bytes]:
@@ -89,20 +94,23 @@ def _settled(data: Path) -> tuple[bool, dict[str, Any]]:
 
 
 def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int,
-               keep_versions: int) -> dict[str, Any]:
-    """One run: ingest, catch up, measure (``every``: ``M``; ``behind``: the lag)."""
+               keep_versions: int, compression: Compression = "none") -> dict[str, Any]:
+    """One run: ingest, catch up, measure (``every``: ``M``; ``behind``: the lag;
+    ``compression``: the WAL compression the appends write with)."""
     data = work / "data"
-    with _open_store(data, "always") as store:
+    # created with the run's compression: the relation's first segment is opened here, and
+    # a writer keeps an uncompressed (version 1) open segment uncompressed until it finishes
+    with _open_store(data, "always", compression) as store:
         store.create_relation(RELATION, SCHEMA, key=KEY)
     daemon = _start_daemon(data, work / "daemon.log", keep_versions)
-    out: dict[str, Any] = {"keep_versions": keep_versions}
+    out: dict[str, Any] = {"keep_versions": keep_versions, "wal_compression": compression}
     try:
         base = tree_usage(daemon.pid)
         lat: list[float] = []
         io0 = proc_io()["write_bytes"]
         with DiskSampler(data) as sampler:
             started = time.perf_counter()
-            with _open_store(data, "always") as store:
+            with _open_store(data, "always", compression) as store:
                 rel = store.relation(RELATION)
                 for i, table in enumerate(appends(cell)):
                     t0 = time.perf_counter()
@@ -165,9 +173,9 @@ def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int
     return out
 
 
-def lamina_writer(cell: Cell, work: Path) -> int:
+def lamina_writer(cell: Cell, work: Path, compression: Compression = "none") -> int:
     """Append on after the run, printing ``acked <upper>`` once each append is durable."""
-    store = _open_store(work / "data", "always")
+    store = _open_store(work / "data", "always", compression)
     rel = store.relation(RELATION)
     upper = rel.upper
     for table in appends(cell):

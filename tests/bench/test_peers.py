@@ -1,8 +1,9 @@
 """bench/peers.py runs end to end on its quick cell, so the benchmark code cannot rot.
 
 The quick cell is 20,000 updates in 20 appends over 2,000 keys; one round of every
-contender (lamina with its daemon on Spark local[*], Delta durable, Delta without fsync,
-Delta MERGE), each in its own process, including the kill -9 recovery and the correctness
+contender (lamina with its daemon, with its default retention and with its WAL compressed
+by lz4 and by zstd; Delta durable, Delta without fsync, Delta MERGE), each in its own
+process, including the kill -9 recovery and the correctness
 gate. Results go to a temporary directory (``LAMINA_BENCH_RESULTS``), so the committed
 results and docs/performance.md are left alone.
 """
@@ -53,6 +54,28 @@ def test_the_stream_retracts_only_live_rows_and_its_checksum_is_the_live_rows() 
                       str(expected["checksum"])) == {}
 
 
+def test_a_rerun_of_some_contenders_keeps_the_others_with_their_run() -> None:
+    """Rerunning a cell with a subset of the contenders replaces theirs and keeps the
+    others' figures, each named with the run it comes from (also across two reruns); the
+    ratios are taken over all of them."""
+    first = {"when": "2026-11-24T08:14:56Z", "command": "first", "gate": "passed",
+             "contenders": {"lamina": {"v": 1}, "delta": {"v": 2}, "delta-merge": {"v": 3}}}
+    second = {"when": "2026-11-27T20:00:00Z", "command": "second", "gate": "passed",
+              "ratios": {"x": 1}, "contenders": {"lamina": {"v": 10}, "delta": {"v": 20}}}
+    merged = peers.keep_earlier(second, first)
+    assert merged["contenders"] == {"lamina": {"v": 10}, "delta": {"v": 20},
+                                    "delta-merge": {"v": 3}}
+    assert merged["earlier"] == {"delta-merge": {"when": first["when"], "command": "first"}}
+    assert merged["ratios"] == peers.ratios(merged["contenders"])
+    third = {**second, "when": "2026-11-28T00:00:00Z", "command": "third",
+             "contenders": {"lamina": {"v": 100}}}
+    again = peers.keep_earlier(third, merged)
+    assert again["contenders"]["delta-merge"] == {"v": 3}
+    assert again["earlier"] == {"delta-merge": {"when": first["when"], "command": "first"},
+                                "delta": {"when": second["when"], "command": "second"}}
+    assert peers.keep_earlier(second, None) is second
+
+
 @pytest.mark.slow  # lamina daemons (in-process executor) and Delta Lake: about 30 s
 def test_the_quick_cell_runs_end_to_end_and_passes_the_gate(tmp_path: Path) -> None:
     """One round of every contender: all finish, all give the stream's checksum, the
@@ -79,7 +102,12 @@ def test_the_quick_cell_runs_end_to_end_and_passes_the_gate(tmp_path: Path) -> N
     assert cell["contenders"]["lamina"]["settled"]  # caught up, and no merge was due
     assert cell["contenders"]["lamina"]["last"]["keep_versions"] == 1  # vacuum's retention
     assert cell["contenders"]["lamina-default"]["last"]["keep_versions"] == 8
-    assert set(cell["ratios"]) == set(peers.TARGETS)
+    lamina, zstd = cell["contenders"]["lamina"]["last"], cell["contenders"]["lamina-zstd"]["last"]
+    assert (lamina["wal_compression"], zstd["wal_compression"]) == ("none", "zstd")
+    # the appends of the compressed contender wrote fewer bytes: the setting took effect
+    assert zstd["append_write_bytes"] < 0.8 * lamina["append_write_bytes"]
+    assert set(cell["ratios"]) == set(peers.TARGETS) | {
+        "peak_bytes", "peak_bytes, WAL lz4", "peak_bytes, WAL zstd"}
     assert (tmp_path / "peers.png").stat().st_size > 0
     assert peers.gate(cell["contenders"], "0" * 64).keys() == set(CONTENDERS)
     assert "| quick | lamina |" in peers.table(tmp_path)
