@@ -58,19 +58,23 @@ def test_a_rerun_of_some_contenders_keeps_the_others_with_their_run() -> None:
     """Rerunning a cell with a subset of the contenders replaces theirs and keeps the
     others' figures, each named with the run it comes from (also across two reruns); the
     ratios are taken over all of them."""
+    def fig(v: float) -> dict[str, dict[str, float]]:
+        return {"throughput": {"median": v}}
+
     first = {"when": "2026-11-24T08:14:56Z", "command": "first", "gate": "passed",
-             "contenders": {"lamina": {"v": 1}, "delta": {"v": 2}, "delta-merge": {"v": 3}}}
+             "contenders": {"lamina": fig(1), "delta": fig(2), "delta-merge": fig(3)}}
     second = {"when": "2026-11-27T20:00:00Z", "command": "second", "gate": "passed",
-              "ratios": {"x": 1}, "contenders": {"lamina": {"v": 10}, "delta": {"v": 20}}}
+              "ratios": {}, "contenders": {"lamina": fig(10), "delta": fig(20)}}
     merged = peers.keep_earlier(second, first)
-    assert merged["contenders"] == {"lamina": {"v": 10}, "delta": {"v": 20},
-                                    "delta-merge": {"v": 3}}
+    assert merged["contenders"] == {"lamina": fig(10), "delta": fig(20),
+                                    "delta-merge": fig(3)}
     assert merged["earlier"] == {"delta-merge": {"when": first["when"], "command": "first"}}
-    assert merged["ratios"] == peers.ratios(merged["contenders"])
     third = {**second, "when": "2026-11-28T00:00:00Z", "command": "third",
-             "contenders": {"lamina": {"v": 100}}}
+             "contenders": {"lamina": fig(100)}}
     again = peers.keep_earlier(third, merged)
-    assert again["contenders"]["delta-merge"] == {"v": 3}
+    assert again["contenders"]["delta-merge"] == fig(3)
+    # this run's lamina against the delta kept from the second run
+    assert again["ratios"]["throughput"]["ratio"] == 5.0
     assert again["earlier"] == {"delta-merge": {"when": first["when"], "command": "first"},
                                 "delta": {"when": second["when"], "command": "second"}}
     assert peers.keep_earlier(second, None) is second

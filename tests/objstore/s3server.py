@@ -54,6 +54,10 @@ class S3Server:
                 try:
                     with urllib.request.urlopen(f"{endpoint}/", timeout=2):  # noqa: S310
                         return cls(proc, endpoint)
+                except urllib.error.HTTPError as exc:  # answering, not yet ready
+                    exc.close()  # it holds the connection: closed here, not by the GC
+                    last = RuntimeError(f"HTTP {exc.code} from {endpoint}/")
+                    time.sleep(0.05)
                 except (urllib.error.URLError, OSError) as exc:
                     last = exc
                     time.sleep(0.05)

@@ -187,3 +187,25 @@ def test_the_expansion_sample_of_a_damaged_or_empty_segment(tmp_path: Path) -> N
     write_log(empty, [])
     [seg] = [s for s in list_segments(empty) if s.finished]
     assert sampled_expansion(seg.path, NAME, seg.seq) == 1.0
+
+
+def test_the_expansion_of_uncompressed_and_of_unsampled_records(tmp_path: Path) -> None:
+    """A version 2 segment whose records were written uncompressed (a store reopened with
+    wal_compression "none") expands by 1, as a version 1 segment does; compressed records
+    all larger than the sampling limit count UNSAMPLED_EXPANSION, and under a limit that
+    admits them, their measured ratio."""
+    from lamina.wal.reader import UNSAMPLED_EXPANSION, sampled_expansion
+
+    plain = tmp_path / "plain"
+    write_log(plain, ["none", "none"])  # version 2 header, uncompressed records
+    [seg] = [s for s in list_segments(plain) if s.finished]
+    assert sampled_expansion(seg.path, NAME, seg.seq) == 1.0
+    [span] = segment_spans(plain, NAME)
+    assert span.expansion == 1.0
+
+    packed = tmp_path / "packed"
+    write_log(packed, ["zstd", "zstd"])
+    [seg] = [s for s in list_segments(packed) if s.finished]
+    assert sampled_expansion(seg.path, NAME, seg.seq, limit=64) == UNSAMPLED_EXPANSION
+    measured = sampled_expansion(seg.path, NAME, seg.seq)
+    assert 1 < measured < UNSAMPLED_EXPANSION

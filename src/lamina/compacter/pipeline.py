@@ -296,18 +296,22 @@ class RelationPipeline:
         return False
 
     def _ready_spans(self) -> list[SegmentSpan]:
-        """Consecutive finished segments after the trace's, within the per-job limits."""
+        """Consecutive finished segments after the trace's, within the per-job limits
+        (``max_bytes_per_job`` counts what the segments hold decoded: a compressed segment
+        by its sampled expansion, lamina.wal.reader.SegmentSpan)."""
         assert self.trace is not None
         spans: list[SegmentSpan] = []
         size = 0
+        seen: dict[int, SegmentSpan] = {}
         for span in segment_spans(self.wal_dir, self.name,
                                   after=self.trace.state.converted_through, known=self._spans):
+            seen[span.seq] = span  # the one that stops the loop too: sampled once
             if spans and (len(spans) >= self.settings.max_segments_per_job
-                          or size + span.bytes > self.settings.max_bytes_per_job):
+                          or size + span.decoded_bytes > self.settings.max_bytes_per_job):
                 break
             spans.append(span)
-            size += span.bytes
-        self._spans = {s.seq: s for s in spans}
+            size += span.decoded_bytes
+        self._spans = seen
         return spans
 
     def _finished_at(self, seq: int) -> float:

@@ -72,7 +72,7 @@ class Settings(ServiceSettings):
                                    "relation label (7 + levels series per relation); false: "
                                    "each once, summed or maximal over relations")
     max_segments_per_job: int = Field(64, ge=1)
-    max_bytes_per_job: int = Field(1 << 30, ge=1, description="WAL bytes per conversion")
+    max_bytes_per_job: int = Field(1 << 30, ge=1, description="WAL bytes per conversion (decoded)")
     retry_initial_seconds: float = Field(1.0, gt=0)
     retry_max_seconds: float = Field(60.0, gt=0)
     shutdown_grace_seconds: float = Field(30.0, ge=0)

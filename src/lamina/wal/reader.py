@@ -128,28 +128,32 @@ def appended_updates(seg: SegmentFile, schema: pa.Schema,
     return list(updates_of(scan, schema)), start + offset
 
 
-SAMPLE_PAYLOAD = 8 << 20
-"""The largest UPDATES payload :func:`sampled_expansion` decodes."""
+SAMPLE_PAYLOAD = 1 << 20
+"""The largest UPDATES payload :func:`sampled_expansion` decodes (the daemon decodes at
+most two per new compressed segment)."""
 UNSAMPLED_EXPANSION = 16.0
 """The expansion assumed for a compressed segment with no record to sample (none small
 enough, or the samples damaged): above what LZ4 and ZSTD reach on lamina's benchmark
-tables (up to 4.4x and 9.1x)."""
+tables (about 4x and 8x on the peers benchmark's stream), so such a segment errs towards
+smaller tasks."""
 
 
-def sampled_expansion(path: Path, relation: str, seq: int) -> float:
-    """How many times its size a finished segment's update payloads take decoded, sampled:
-    the first and the last UPDATES record of at most :data:`SAMPLE_PAYLOAD` bytes are
-    decoded, and the larger ratio of decoded bytes (Arrow buffers) to payload bytes is
-    taken, at least 1. Records of one segment come from the writers of one relation, so
-    two of them say how well the rest compress; where compression settings were mixed in
-    the segment (a store reopened with another ``wal_compression``), taking the larger
-    errs towards smaller tasks. Only frame headers are read besides the two samples
-    (through a read-only mmap), and neither sample's checksum is trusted: a damaged one
-    counts as :data:`UNSAMPLED_EXPANSION` (the conversion's own reads report the damage),
-    and so does a segment whose update records are all too large to sample. A segment
-    with no update record expands by 1."""
+def sampled_expansion(path: Path, relation: str, seq: int, *,
+                      limit: int = SAMPLE_PAYLOAD) -> float:
+    """How many times their size a finished segment's update payloads take decoded,
+    sampled: of the UPDATES records of at most ``limit`` bytes, the largest and the last
+    are decoded, and the larger ratio of decoded bytes (the tables' Arrow buffers) to
+    payload bytes is taken, at least 1. Records of one segment come from the writers of
+    one relation, so two of them say how well the rest compress (the largest, because a
+    small record's ratio is diluted by the schema every record carries); where
+    compression settings were mixed in the segment (a store reopened with another
+    ``wal_compression``), taking the larger errs towards smaller tasks. Only frame headers
+    are read besides the samples (through a read-only mmap), and neither sample's checksum
+    is trusted: a damaged one counts as :data:`UNSAMPLED_EXPANSION` (the conversion's own
+    reads report the damage), and so does a segment whose update records are all larger
+    than ``limit``. A segment with no update record expands by 1."""
     start = len(encode_header(relation, seq))
-    first: tuple[int, int] | None = None
+    largest: tuple[int, int] | None = None  # (offset, length) of a frame
     last: tuple[int, int] | None = None
     updates = False
     with path.open("rb") as f:
@@ -165,11 +169,12 @@ def sampled_expansion(path: Path, relation: str, seq: int) -> float:
                     break
                 if rtype == RecordType.UPDATES:
                     updates = True
-                    if length <= SAMPLE_PAYLOAD:
+                    if length <= limit:
                         last = (off, end)
-                        first = first or last
+                        if largest is None or end - off > largest[1] - largest[0]:
+                            largest = last
                 off = end
-            samples = [mm[a:b] for a, b in dict.fromkeys(x for x in (first, last) if x)]
+            samples = [mm[a:b] for a, b in dict.fromkeys(x for x in (largest, last) if x)]
     if not samples:
         return UNSAMPLED_EXPANSION if updates else 1.0
     ratios = []
@@ -179,7 +184,8 @@ def sampled_expansion(path: Path, relation: str, seq: int) -> float:
             decoded = -1 if isinstance(rec, BadFrame) else decode_updates(rec.payload).nbytes
         except ValueError:
             decoded = -1
-        ratios.append(UNSAMPLED_EXPANSION if decoded < 0 else float(decoded) / len(frame_bytes))
+        payload = len(frame_bytes) - HEADER_SIZE
+        ratios.append(UNSAMPLED_EXPANSION if decoded < 0 else float(decoded) / max(1, payload))
     return max(1.0, *ratios)
 
 

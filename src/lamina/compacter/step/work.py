@@ -1,7 +1,8 @@
 """Work items: how a step's inputs are cut into the decode tasks' shares.
 
-The driver never reads data (but for a sample of two records of each WAL segment whose
-records may be compressed, :func:`lamina.wal.reader.sampled_expansion`). It cuts the inputs
+The driver never reads data (the compacter's pipeline samples two records of each WAL
+segment whose records may be compressed when it lists it,
+:func:`lamina.wal.reader.sampled_expansion`). It cuts the inputs
 into work items: WAL segments into record-aligned byte ranges
 (:func:`lamina.wal.ranges.segment_ranges`, which walks the frame headers only when a
 segment is bigger than a task's share), and Parquet parts (consumed pending parts, merge
@@ -30,13 +31,16 @@ class JobTuning:
     """How a step is cut into tasks. Defaults suit a laptop and small clusters."""
 
     single_task_bytes: int = 8 << 20
-    """Inputs up to this size run as one task with no shuffle."""
+    """Inputs up to this size run as one task with no shuffle. Like every size here, in
+    bytes decoded (:func:`input_bytes`)."""
     split_bytes: int = 32 << 20
-    """Largest input share of one decode task (a WAL segment is split beyond it)."""
+    """Largest input share of one decode task, decoded (a WAL segment is split beyond
+    it)."""
     min_split_bytes: int = 1 << 20
     """Smallest input share of one decode task."""
     part_bytes: int = 32 << 20
-    """Input bytes per written part: the number of write partitions is the input over this."""
+    """Input bytes (decoded) per written part: the number of write partitions is the
+    input over this."""
     max_parts: int = 256
     """At most this many write partitions (parts of one batch)."""
     chunk_rows: int = 1 << 18
