@@ -35,13 +35,12 @@ import pyarrow as pa
 
 from lamina.wal.reader import SegmentSpan, checked_updates
 from lamina.wal.record import (
-    HEADER,
     HEADER_SIZE,
-    MAX_PAYLOAD,
     BadFrame,
     RecordType,
     corrupt,
     decode_frontier,
+    frame_headers,
     read_frame,
 )
 from lamina.wal.segment import READ_VERSIONS, encode_header
@@ -95,15 +94,10 @@ def segment_ranges(span: SegmentSpan, relation: str, target: int) -> list[Segmen
     cuts = [start]
     if size - start > target:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            off = start
-            while off + HEADER_SIZE <= size:
-                length, _, _ = HEADER.unpack_from(mm, off)
+            for off, _, length in frame_headers(mm, start, size):
                 end = off + HEADER_SIZE + length
-                if length > MAX_PAYLOAD or end > size:
-                    break
-                off = end
-                if off - cuts[-1] >= target and off < size:
-                    cuts.append(off)
+                if end - cuts[-1] >= target and end < size:
+                    cuts.append(end)
     cuts.append(max(size, start))
     return [SegmentRange(path=str(path), seq=span.seq, start=a, end=b, first=i == 0,
                          last=i == len(cuts) - 2, lower=span.lower, upper=span.upper,

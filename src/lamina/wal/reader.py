@@ -21,15 +21,14 @@ import pyarrow as pa
 
 from lamina.errors import CorruptionError
 from lamina.wal.record import (
-    HEADER,
     HEADER_SIZE,
-    MAX_PAYLOAD,
     BadFrame,
     Record,
     RecordType,
     corrupt,
     decode_updates,
     find_valid_frame,
+    frame_headers,
     read_frame,
 )
 from lamina.wal.segment import (
@@ -161,19 +160,13 @@ def sampled_expansion(path: Path, relation: str, seq: int, *,
         if size <= start:
             return 1.0
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            off = start
-            while off + HEADER_SIZE <= size:
-                length, rtype, _ = HEADER.unpack_from(mm, off)
-                end = off + HEADER_SIZE + length
-                if length > MAX_PAYLOAD or end > size:
-                    break
+            for off, rtype, length in frame_headers(mm, start, size):
                 if rtype == RecordType.UPDATES:
                     updates = True
                     if length <= limit:
-                        last = (off, end)
-                        if largest is None or end - off > largest[1] - largest[0]:
+                        last = (off, off + HEADER_SIZE + length)
+                        if largest is None or last[1] - last[0] > largest[1] - largest[0]:
                             largest = last
-                off = end
             samples = [mm[a:b] for a, b in dict.fromkeys(x for x in (largest, last) if x)]
     if not samples:
         return UNSAMPLED_EXPANSION if updates else 1.0

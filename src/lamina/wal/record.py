@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -293,6 +294,20 @@ def read_frame(buf: memoryview, offset: int) -> Record | BadFrame:
     if crc32c(payload, crc32c(bytes((rtype,)))) != crc:
         return BadFrame(offset, "record checksum mismatch")
     return Record(offset, RecordType(rtype), payload)
+
+
+def frame_headers(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """``(offset, type, length)`` of each frame of ``buf`` (bytes-like, e.g. a read-only
+    mmap of a segment) from ``start``, reading headers only: checksums are left to whoever
+    reads the payloads. Stops before ``end``, and at the first frame whose length exceeds
+    :data:`MAX_PAYLOAD` or runs past ``end`` (whoever reads that frame reports it)."""
+    off = start
+    while off + HEADER_SIZE <= end:
+        length, rtype, _ = HEADER.unpack_from(buf, off)
+        if length > MAX_PAYLOAD or off + HEADER_SIZE + length > end:
+            return
+        yield off, rtype, length
+        off += HEADER_SIZE + length
 
 
 def find_valid_frame(buf: memoryview, start: int) -> int | None:
