@@ -61,6 +61,10 @@ LABELS = {"lamina": "lamina", "lamina-default": "lamina, 8 versions kept (defaul
           "delta-merge": "Delta MERGE (keyed)"}
 
 
+ORDER = {c: i for i, c in enumerate(CONTENDERS)}
+"""Where each contender's rows go in the table (the order of ``CONTENDERS``)."""
+
+
 class GateError(Exception):
     """A contender's snapshot differs from the stream's live rows."""
 
@@ -257,8 +261,7 @@ def table(results: Path = report.RESULTS) -> str:
     rows, ratio_rows, foot = [], [], []
     for name, cell in doc["cells"].items():
         earlier = cell.get("earlier", {})
-        order = {c: i for i, c in enumerate(CONTENDERS)}
-        for c, s in sorted(cell["contenders"].items(), key=lambda cs: order.get(cs[0], 99)):
+        for c, s in sorted(cell["contenders"].items(), key=lambda cs: ORDER.get(cs[0], 99)):
             label = LABELS.get(c, c) + (f" (run of {earlier[c]['when'][:16]}Z)"
                                         if c in earlier else "")
             if not s["finished"]:
