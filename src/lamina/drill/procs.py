@@ -45,6 +45,7 @@ class DaemonProcess:
             "LAMINA_SPARK_DRIVER_MEMORY": "1g",
         })
         env.update(extra_env or {})
+        self.env = env
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(
             [LAMINA, "serve", "--data-dir", str(data_dir), "--spark-master", master,
@@ -81,7 +82,12 @@ class DaemonProcess:
         return rows
 
     def wait_caught_up(self, relation: str, sealed_upper: int, timeout: float = 180.0) -> None:
-        """Until the trace covers every finished segment and no segment is pending."""
+        """Until the trace covers every finished segment and no segment is pending.
+
+        The daemon answers ``/v1/relations`` as of its last poll, so just after a writer
+        finished a segment it can still say nothing is pending. Its word is therefore
+        checked against the disk: ``lamina status`` (same environment, so the same trace
+        URL and credentials) lists the WAL directory after it reads the trace's state."""
         deadline = time.monotonic() + timeout
         rows: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
@@ -89,15 +95,23 @@ class DaemonProcess:
                 rows = self.relations()
             except OSError:  # a slow answer on a busy machine: ask again
                 rows = []
-            for r in rows:
-                if (r["name"] == relation and r["wal_segments_pending"] == 0
-                        and r["trace_upper"] > 0 and r["sealed_upper"] == sealed_upper):
+            if _caught_up(rows, relation, sealed_upper):
+                rows = self.disk_status()
+                if _caught_up(rows, relation, sealed_upper):
                     return
             if self.proc.poll() is not None:
                 raise AssertionError("daemon died:\n" + self.log_path.read_text()[-4000:])
             time.sleep(0.3)
         raise AssertionError(f"daemon did not catch up: {rows}\n"
                              + self.log_path.read_text()[-3000:])
+
+    def disk_status(self) -> list[dict[str, Any]]:
+        """``lamina status --json`` of the data directory, read from disk while it runs."""
+        out = subprocess.run([LAMINA, "status", "--data-dir", str(self.data_dir), "--json"],
+                             capture_output=True, text=True, env=self.env, timeout=120,
+                             check=True)
+        rows: list[dict[str, Any]] = json.loads(out.stdout)
+        return rows
 
     def signal_group(self, sig: signal.Signals) -> None:
         """Signal the whole process group (``new_session`` only): what ``timeout``,
@@ -148,3 +162,10 @@ def start_workload(data_dir: Path, ack: Path, *, seed: int, ops: int, pause: flo
         cmd += ["--relations", str(relations)]
     return subprocess.Popen(cmd, env=full_env, stdout=out if stdout is None else stdout,
                             stderr=out if stderr is None else stderr)
+
+
+def _caught_up(rows: list[dict[str, Any]], relation: str, sealed_upper: int) -> bool:
+    """``relation``'s status says: no finished segment waits, a trace exists, and the WAL
+    is sealed to ``sealed_upper``."""
+    return any(r["name"] == relation and r["wal_segments_pending"] == 0
+               and r["trace_upper"] > 0 and r["sealed_upper"] == sealed_upper for r in rows)
