@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,6 +137,9 @@ def _wait(cluster: StandaloneCluster, ready: Any, what: str, timeout: float) -> 
             if ready(doc):
                 return
             last = doc
+        except urllib.error.HTTPError as exc:  # the UI answers, not yet with /json
+            with exc:  # it holds the connection: closed here, not by the garbage collector
+                last = f"HTTP {exc.code}"
         except (OSError, ValueError) as exc:  # not up yet, or the UI's HTML before /json
             last = exc
         time.sleep(0.5)
