@@ -18,7 +18,10 @@ and prints one JSON line (the last line of stdout). Contenders:
   versions' files (what readers of older states rely on), to show what it costs on disk.
 - ``lamina-lz4``, ``lamina-zstd``: ``lamina`` with the store's WAL records compressed
   (``Store.open(wal_compression=...)``), to show what compression does to the peak bytes
-  (the unconverted WAL is most of lamina's peak) and to the append path.
+  (the unconverted WAL is most of lamina's peak) and to the append path. ``lamina-zstd``
+  also runs the daemon as docs/operations.md configures it for a disk short of room
+  (``bench.peers_lamina.DAEMON_SETTINGS``: scratch runs in ZSTD, conversions of at most
+  128 MiB decoded).
 - ``delta``: ``write_deltalake(mode="append")`` per append with the upper in the commit
   (custom metadata and an app transaction), then fsync of the commit's data files, the
   commit file and both directories (delta-rs does not fsync on a local disk); every ``M``
@@ -61,6 +64,7 @@ from typing import Any
 
 from bench.peers_delta import delta_recover, delta_writer, run_delta
 from bench.peers_lamina import (
+    DAEMON_SETTINGS,
     KEEP_VERSIONS,
     WAL_COMPRESSION,
     lamina_recover,
@@ -122,7 +126,8 @@ def run(contender: str, cell: Cell, work: Path, budget: float) -> dict[str, Any]
     if contender in KEEP_VERSIONS:
         out = run_lamina(cell, work, budget, every=every, behind=behind,
                          keep_versions=KEEP_VERSIONS[contender],
-                         compression=WAL_COMPRESSION.get(contender, "none"))
+                         compression=WAL_COMPRESSION.get(contender, "none"),
+                         settings=DAEMON_SETTINGS.get(contender))
     else:
         out = run_delta(cell, work, budget, contender, every=every, behind=behind)
     out["recovery"] = recovery(contender, cell, work)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +48,14 @@ retention costs on disk."""
 WAL_COMPRESSION: dict[str, Compression] = {"lamina-lz4": "lz4", "lamina-zstd": "zstd"}
 """The WAL compression of the writing store (``Store.open(wal_compression=...)``), per
 contender; the others write with the default ("none")."""
+DAEMON_SETTINGS: dict[str, dict[str, str]] = {
+    "lamina-zstd": {"LAMINA_SCRATCH_COMPRESSION": "zstd",
+                    "LAMINA_MAX_BYTES_PER_JOB": str(128 << 20)}}
+"""Daemon settings over the defaults, per contender. ``lamina-zstd`` runs the configuration
+docs/operations.md ("Disk") gives a disk short of room: besides the writers' ``zstd``,
+scratch runs in ZSTD and conversions of at most 128 MiB of decoded updates (4 of this
+benchmark's segments), so that a conversion holds less scratch and its segments go sooner.
+``lamina-lz4`` changes the writers only."""
 RELATION = "peers"
 
 
@@ -58,11 +67,12 @@ def _open_store(data: Path, fsync: Literal["always", "never"],
                       segment_max_age_seconds=SEGMENT_MAX_AGE, wal_compression=compression)
 
 
-def _start_daemon(data: Path, log: Path, keep_versions: int) -> subprocess.Popen[bytes]:
+def _start_daemon(data: Path, log: Path, keep_versions: int,
+                  settings: Mapping[str, str]) -> subprocess.Popen[bytes]:
     proc, port = start_serve(data, log, master="local[*]", env={
         "LAMINA_POLL_INTERVAL": "0.2", "LAMINA_GC_INTERVAL_SECONDS": str(GC_INTERVAL),
         "LAMINA_GC_GRACE_SECONDS": "0", "LAMINA_KEEP_VERSIONS": str(keep_versions),
-        "LAMINA_SHUTDOWN_GRACE_SECONDS": "0"})
+        "LAMINA_SHUTDOWN_GRACE_SECONDS": "0", **settings})
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if serve_ready(port):
@@ -94,16 +104,20 @@ def _settled(data: Path) -> tuple[bool, dict[str, Any]]:
 
 
 def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int,
-               keep_versions: int, compression: Compression = "none") -> dict[str, Any]:
+               keep_versions: int, compression: Compression = "none",
+               settings: Mapping[str, str] | None = None) -> dict[str, Any]:
     """One run: ingest, catch up, measure (``every``: ``M``; ``behind``: the lag;
-    ``compression``: the WAL compression the appends write with)."""
+    ``compression``: the WAL compression the appends write with; ``settings``: the
+    daemon's environment over the benchmark's)."""
     data = work / "data"
     # created with the run's compression: the relation's first segment is opened here, and
     # a writer keeps an uncompressed (version 1) open segment uncompressed until it finishes
     with _open_store(data, "always", compression) as store:
         store.create_relation(RELATION, SCHEMA, key=KEY)
-    daemon = _start_daemon(data, work / "daemon.log", keep_versions)
-    out: dict[str, Any] = {"keep_versions": keep_versions, "wal_compression": compression}
+    settings = dict(settings or {})
+    daemon = _start_daemon(data, work / "daemon.log", keep_versions, settings)
+    out: dict[str, Any] = {"keep_versions": keep_versions, "wal_compression": compression,
+                           "daemon_settings": settings}
     try:
         base = tree_usage(daemon.pid)
         lat: list[float] = []

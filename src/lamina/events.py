@@ -35,7 +35,7 @@ EVENTS: tuple[Event, ...] = (
     Event("daemon.starting", "info", _D, "start-up began (data directory, executor, master)"),
     Event("daemon.trace", "info", _D, "the trace location was checked (`url`)"),
     Event("daemon.executor", "info", _D, "the Spark executor is ready (`stage_segments`, "
-          "`pack_max_steps`, `pack_max_bytes`)"),
+          "`pack_max_steps`, `pack_max_bytes`, `scratch_compression`)"),
     Event("daemon.ready", "info", _D, "every relation recovered (`duration_seconds`: the "
           "recovery)"),
     Event("daemon.stopped", "info", _D, "the process is about to exit"),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from bench.peers_contenders import CONTENDERS
+from bench.peers_lamina import DAEMON_SETTINGS
 from bench.peers_stream import CELLS, appends, checksum, ensure
 
 from bench import peers
@@ -108,10 +109,11 @@ def test_the_quick_cell_runs_end_to_end_and_passes_the_gate(tmp_path: Path) -> N
     assert cell["contenders"]["lamina-default"]["last"]["keep_versions"] == 8
     lamina, zstd = cell["contenders"]["lamina"]["last"], cell["contenders"]["lamina-zstd"]["last"]
     assert (lamina["wal_compression"], zstd["wal_compression"]) == ("none", "zstd")
+    assert zstd["daemon_settings"] == DAEMON_SETTINGS["lamina-zstd"]  # the small-disk daemon
     # the appends of the compressed contender wrote fewer bytes: the setting took effect
     assert zstd["append_write_bytes"] < 0.8 * lamina["append_write_bytes"]
     assert set(cell["ratios"]) == set(peers.TARGETS) | {
-        "peak_bytes", "peak_bytes, WAL lz4", "peak_bytes, WAL zstd"}
+        "peak_bytes", "peak_bytes, WAL lz4", "peak_bytes, WAL zstd, small-disk daemon"}
     assert (tmp_path / "peers.png").stat().st_size > 0
     assert peers.gate(cell["contenders"], "0" * 64).keys() == set(CONTENDERS)
     assert "| quick | lamina |" in peers.table(tmp_path)

@@ -9,6 +9,7 @@ NaN, string and int keys, the single-task path and the partitioned path. The pur
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -24,9 +25,11 @@ from hypothesis import strategies as st
 from lamina.compacter.executors import reference
 from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
 from lamina.compacter.step.driver import spark_convert, spark_merge
+from lamina.compacter.step.runs import RunCompression, read_run, write_run
 from lamina.compacter.step.work import JobTuning, WalRange, pack
 from lamina.consolidate import INT64_MAX, sort
 from lamina.errors import CorruptionError, JobError
+from lamina.objstore.local import LocalObjectStore
 from lamina.store import Store
 from lamina.trace.batch import read_part
 from lamina.trace.order import order_prefix
@@ -101,6 +104,28 @@ def test_order_prefix_is_monotone_in_batch_order(type_: pa.DataType, values: Any
     assert prefix == sorted(prefix)
     assert all(p == -(2**63) for p, v in zip(prefix, table.column("c").to_pylist(),
                                               strict=True) if v is None)
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_runs_are_written_with_the_tuned_codec(tmp_path: Path, codec: RunCompression) -> None:
+    """A scratch run's record batches are compressed with the codec asked for (read from
+    the bytes: each batch body starts with a buffer's length, then that codec's frame) and
+    read back as written, batch spans included."""
+    store = LocalObjectStore(tmp_path)
+    rng = random.Random(3)
+    ids = sorted(rng.randrange(5_000) for _ in range(20_000))
+    rows = pa.table({"id": pa.array(ids, pa.int64()),
+                     "qty": pa.array([rng.randrange(100) for _ in ids], pa.int64()),
+                     "_time": pa.array([i % 50 for i in range(len(ids))], pa.uint64()),
+                     "_diff": pa.array([1] * len(ids), pa.int64())})
+    run = write_run(store, "s/run-00000.arrow", rows, "id", 4096, compression=codec)
+    assert run.spans[0] == (ids[0], ids[4095])
+    assert len(run.spans) == 5
+    data = store.get(run.path)  # an IPC file is "ARROW1", two bytes of padding, a stream
+    assert data[:6] == b"ARROW1"
+    assert codec_of(data[8:]) == codec
+    assert read_run(store, run, 0, len(run.spans) - 1).equals(rows)
+    assert read_run(store, run, 1, 2).equals(rows.slice(4096, 8192))
 
 
 def test_segment_ranges_cut_at_record_boundaries(tmp_path: Path) -> None:
@@ -200,8 +225,10 @@ def test_conversions_and_merge_match_reference(
 @pytest.mark.spark
 def test_compressed_segments_match_reference(sp: Any, tmp_path: Path) -> None:
     """Segments of LZ4- and ZSTD-compressed update records, and uncompressed ones, in one
-    step (stores of each setting in turn) convert through the partitioned path to exactly
-    the reference's rows (tests/wal/test_ranges.py: settings mixed within a segment)."""
+    step (stores of each setting in turn) convert through the partitioned path, with its
+    scratch runs in ZSTD (the daemon's ``scratch_compression`` for a disk short of room),
+    to exactly the reference's rows (tests/wal/test_ranges.py: settings mixed within a
+    segment)."""
     root = tmp_path / "d"
     open_workload(root, INT_KEY, ["id"]).store.close()
     rng = random.Random(23)
@@ -214,7 +241,8 @@ def test_compressed_segments_match_reference(sp: Any, tmp_path: Path) -> None:
               for r in scan_file(seg, w.meta.name)[0].updates()}
     assert codecs == {"lz4", "zstd", "none"}
     trace = w.trace()
-    _convert_both(sp, w, trace, spans(trace, w.wal_dir), name="ref", tuning=SPLIT)
+    _convert_both(sp, w, trace, spans(trace, w.wal_dir), name="ref",
+                  tuning=dataclasses.replace(SPLIT, run_compression="zstd"))
 
 
 @pytest.mark.spark

@@ -206,13 +206,16 @@ class Daemon:
 
     def _spark_executor(self) -> Executor:
         from lamina.compacter.executors.spark import SparkExecutor
+        from lamina.compacter.step.work import JobTuning
 
         s = self.settings
         stage = s.stages_segments(self.layout.trace_url())
         log.info("daemon.executor", executor="spark", stage_segments=stage,
-                 pack_max_steps=s.pack_max_steps, pack_max_bytes=s.pack_max_bytes)
+                 pack_max_steps=s.pack_max_steps, pack_max_bytes=s.pack_max_bytes,
+                 scratch_compression=s.scratch_compression)
         return SparkExecutor(self._spark, s.max_concurrent_jobs, stage_segments=stage,
                              pack_max_steps=s.pack_max_steps, pack_max_bytes=s.pack_max_bytes,
+                             tuning=JobTuning(run_compression=s.scratch_compression),
                              metrics=self.metrics)
 
     def _stop_spark(self) -> None:

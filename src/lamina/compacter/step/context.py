@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from lamina.compacter.step.runs import RunCompression
 from lamina.compacter.step.work import WorkItem
 from lamina.objstore.base import ObjectStore
 from lamina.schema import TIME, RelationMeta
@@ -76,6 +77,8 @@ class StepContext:
     parts: int
     """The most batch parts the step writes (sizes the record batches of runs)."""
     groups: tuple[tuple[WorkItem, ...], ...]
+    run_compression: RunCompression = "lz4"
+    """The codec the decode tasks write their runs with (``JobTuning.run_compression``)."""
 
     @property
     def sort_keys(self) -> list[tuple[str, str] | tuple[str, str, str]]:

@@ -102,10 +102,11 @@ def decoder(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
             past_run = future_run = None
             if past.num_rows:
                 past_run = write_run(ctx.store, f"{ctx.scratch}/run-{gid:05d}.arrow", past,
-                                     ctx.prefix, run_batch_rows(past.num_rows, ctx.parts))
+                                     ctx.prefix, run_batch_rows(past.num_rows, ctx.parts),
+                                     compression=ctx.run_compression)
             if future.num_rows:
                 future_run = write_run(ctx.store, f"{ctx.scratch}/future-{gid:05d}.arrow",
-                                       future, ctx.bucket)
+                                       future, ctx.bucket, compression=ctx.run_compression)
             step = max(1, min(ctx.sample_every, past.num_rows // ctx.min_samples))
             sample = past.select(ctx.key_columns).take(
                 pa.array(np.arange(step // 2, past.num_rows, step)))

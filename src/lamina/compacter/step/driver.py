@@ -204,7 +204,7 @@ def _context(trace: Trace, spec: StepSpec, *, share: int, n_write: int, tuning: 
         batch_id=spec.batch_id, context=spec.context, scratch=TraceLayout.scratch(spec.batch_id),
         sample_every=max(1, tuning.chunk_rows // SAMPLES_PER_CHUNK),
         min_samples=max(1, math.ceil(SAMPLES_PER_CHUNK * n_write / len(groups))),
-        parts=n_write, groups=groups)
+        parts=n_write, groups=groups, run_compression=tuning.run_compression)
 
 
 def single_context(trace: Trace, spec: StepSpec, *, tuning: JobTuning = DEFAULT_TUNING,

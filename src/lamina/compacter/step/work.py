@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lamina.compacter.step.runs import RunCompression
 from lamina.trace.batch import PartFile
 from lamina.wal.ranges import SegmentRange
 from lamina.wal.reader import SegmentSpan
@@ -46,6 +47,9 @@ class JobTuning:
     chunk_rows: int = 1 << 18
     """Rows a write task sorts and consolidates at a time (written as Parquet row groups of
     ``lamina.trace.batch.ROW_GROUP_ROWS`` rows, with statistics, for key lookups)."""
+    run_compression: RunCompression = "lz4"
+    """The codec of the decode tasks' scratch runs (the daemon's ``scratch_compression``;
+    :data:`lamina.compacter.step.runs.RunCompression`)."""
 
 
 DEFAULT_TUNING = JobTuning()
