@@ -88,15 +88,19 @@ def order_prefix(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.if_else(nulls, pa.scalar(INT64_MIN, pa.int64()), values)
 
 
-def by_lead(table: pa.Table, lead: str) -> pa.Table:
-    """``table`` in the order of its integer column ``lead`` (stable; no copy when it is in
-    order already)."""
+def by_lead(table: pa.Table, lead: str, *, stable: bool = True) -> pa.Table:
+    """``table`` in the order of its integer column ``lead`` (no copy when it is in order
+    already). ``stable`` keeps rows of equal leads in their order, with a timsort, which
+    also merges presorted runs in linear time (a write task's pieces); otherwise numpy's
+    introsort orders them, about 3.5 times faster on rows in random order (476,000 random
+    int64 in 12 ms against 43 ms), for rows whose equal leads are ordered later by their
+    full key (a decode task's rows, in WAL order)."""
     if table.num_rows <= 1:
         return table
     values = table.column(lead).to_numpy()
     if bool((values[1:] >= values[:-1]).all()):
         return table
-    return table.take(np.argsort(values, kind="stable"))
+    return table.take(np.argsort(values, kind="stable" if stable else "quicksort"))
 
 
 def sort_rows(table: pa.Table, keys: Sequence[Any], lead: str) -> pa.Table:

@@ -87,10 +87,17 @@ def prepared(gid: int, ctx: StepContext) -> tuple[pa.Table, pa.Table, int]:
 
 
 def _decoded_group(gid: int, ctx: StepContext) -> tuple[pa.Table, pa.Table, int]:
-    """A group's batch rows ordered by prefix, its future rows ordered by bucket (the
-    write tasks sort each chunk and bucket fully), and how many updates it decoded."""
+    """A group's batch rows ordered by prefix, its future rows ordered by bucket, and how
+    many updates it decoded. Where distinct rows have distinct sort keys
+    (:attr:`StepContext.distinct_keys`), rows of equal prefix (or bucket) may come in any
+    order (a faster, unstable sort): a cut compares their full keys
+    (:mod:`lamina.compacter.step.cuts`) and the write tasks sort each chunk and bucket by
+    the full key. Otherwise WAL order is kept among them, which the write tasks' stable
+    sorts keep among equal keys, as the reference executor does."""
     past, future, decoded = prepared(gid, ctx)
-    return by_lead(past, ctx.prefix), by_lead(future, ctx.bucket), decoded
+    stable = not ctx.distinct_keys
+    return (by_lead(past, ctx.prefix, stable=stable),
+            by_lead(future, ctx.bucket, stable=stable), decoded)
 
 
 def decoder(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
