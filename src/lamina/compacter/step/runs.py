@@ -48,11 +48,11 @@ from lamina.trace.order import Key
 RunCompression = Literal["lz4", "zstd"]
 """The codec of a run's record batches. LZ4 (the default) costs the least CPU; ZSTD (level
 1) makes the runs of the peers benchmark's stream about 2.4 times smaller (24.7 against
-10.2 MB for 3.75M sorted updates of four int64 columns) for about 0.1 s more CPU per
-million rows written and read: the trade for a disk that is short of room, where a large
-conversion's runs are most of what the trace directory holds while it runs
-(docs/operations.md, "Disk"). Readers need not know it: Arrow IPC names each batch's
-codec."""
+10.2 MB for 3.75M sorted updates of four int64 columns) for more CPU (0.22 against 0.12 s
+to write those rows, 0.40 against 0.37 s to read them back): the trade for a disk that is
+short of room, where a large conversion's runs are most of what the trace directory holds
+while it runs (docs/operations.md, "Disk"). Readers need not know it: Arrow IPC names each
+batch's codec."""
 
 RUN_BATCH_ROWS = 1 << 16
 """Rows per record batch of a future run, and the most per batch of a batch-row run (a
