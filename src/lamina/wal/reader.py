@@ -152,7 +152,7 @@ def sampled_expansion(path: Path, relation: str, seq: int, *,
     reads report the damage), and so does a segment whose update records are all larger
     than ``limit``. A segment with no update record expands by 1."""
     start = len(encode_header(relation, seq))
-    largest: tuple[int, int] | None = None  # (offset, length) of a frame
+    largest: tuple[int, int] | None = None  # (start, end) of a frame in the file
     last: tuple[int, int] | None = None
     updates = False
     with path.open("rb") as f:
