@@ -23,7 +23,12 @@ distinct ones, so caches do not flatter it) in the loop, ``--runs`` appends a ro
 input checks (``conform_updates``, ``check_diffs``), the encoding
 (``UpdatesEncoder.encode``: the record's pieces, no copy, CRC32C included), the time check
 (``least_time``), ``os.writev`` and ``os.fdatasync`` of the record; then
-``Relation.append`` (fsync "always") whole, for comparison.
+``Relation.append`` (fsync "always") whole, for comparison. Then the same work at the
+append's cadence: raw ``write`` + ``fdatasync`` of each record, alone and with one more
+piece of an append's work before it (the CRC32C pass over the table's buffers; the input
+and time checks; checks and encoding written inline, the least an append can do in Python
+with this record format; ``Relation.append`` itself), each in blocks of 20 appends taking
+turns, ``--runs`` blocks: what each piece costs where it runs, between two syncs.
 """
 
 from __future__ import annotations
@@ -229,6 +234,76 @@ def wal(runs: int) -> None:
           f"timed in the loop, 5 rounds of {runs}:")
     for name, ms in [*steps.items(), ("Relation.append (all of it)", appends)]:
         print(f"  {name:30s} median {sorted(ms)[2]:.3f}  ({' '.join(f'{m:.3f}' for m in ms)})")
+    _wal_cadence(batches, runs)
+
+
+def _wal_cadence(batches: list[pa.Table], blocks: int) -> None:
+    """Raw write + fdatasync of each record, alone and after one more piece of an append's
+    work, in blocks of 20 taking turns (see the module docstring)."""
+    import os
+
+    import crc32c
+
+    from bench.wal_append import SCHEMA
+    from lamina import Store
+    from lamina.schema import check_diffs, conform_updates
+    from lamina.wal.log import least_time
+    from lamina.wal.record import RecordType, UpdatesEncoder, encode_updates, frame
+
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp, \
+            Store.open(Path(tmp) / "data", fsync="always") as store:
+        rel = store.create_relation("bench", SCHEMA, key=["id"])
+        meta = rel.meta
+        conformed = [conform_updates(meta, b) for b in batches]
+        records = [frame(RecordType.UPDATES, encode_updates(t)) for t in conformed]
+        encoder = UpdatesEncoder(meta.update_schema)
+        pieces = [encoder.encode(t)[0] for t in conformed]  # over the tables' own buffers
+        fd = os.open(Path(tmp) / "raw.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+        def crc(i: int) -> list[Any]:
+            value = 0
+            for piece in pieces[i]:
+                value = crc32c.crc32c(piece, value)
+            return [records[i]]
+
+        def checks(i: int) -> list[Any]:
+            table = check_diffs(meta, conform_updates(meta, batches[i]))
+            least_time(table.column(table.num_columns - 2))
+            return [records[i]]
+
+        def inline(i: int) -> list[Any]:
+            table = check_diffs(meta, conform_updates(meta, batches[i]))
+            least_time(table.column(table.num_columns - 2))
+            return encoder.encode(table)[0]
+
+        sides: dict[str, Callable[[int], list[Any]] | None] = {
+            "raw write + fdatasync": lambda i: [records[i]],
+            "+ CRC32C of the table's buffers": crc,
+            "+ input and time checks": checks,
+            "checks + encoding, inline": inline,
+            "Relation.append": None}
+        wall = dict.fromkeys(sides, 0)
+        cpu = dict.fromkeys(sides, 0)
+        rel.append(batches[0])  # open the writer
+        for _ in range(blocks):
+            for name, work in sides.items():
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                for i in range(20):
+                    if work is None:
+                        rel.append(batches[i % 8])
+                        continue
+                    os.writev(fd, work(i % 8))
+                    os.fdatasync(fd)
+                wall[name] += time.perf_counter_ns() - t0
+                cpu[name] += time.thread_time_ns() - c0
+        os.close(fd)
+    n = blocks * 20
+    raw = wall["raw write + fdatasync"]
+    print(f"at the append's cadence ({blocks} blocks of 20 appends per side, taking turns): "
+          "ms per append, wall and thread CPU, and raw's wall over it")
+    for name in sides:
+        print(f"  {name:32s} {wall[name] / n / 1e6:.3f}  CPU {cpu[name] / n / 1e6:.3f}  "
+              f"ratio {raw / wall[name]:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
