@@ -4,6 +4,8 @@
     .venv/bin/python -m bench.profile jvm [--step convert|merge] [--scale 1.0] [--runs 2]
     .venv/bin/python -m bench.profile sums [--scale 1.0]
     .venv/bin/python -m bench.profile wal [--runs 300]
+    .venv/bin/python -m bench.profile timeline [--step convert|merge] [--scale 1.0] [--runs 2]
+    .venv/bin/python -m bench.profile pertask [--runs 5] [--conf K=V ...]
 
 ``tasks`` runs the step's Spark tasks in this process, one after the other, with no Spark
 at all (``lamina.compacter.step.driver`` hands the task functions to ``_run_tasks``, which this
@@ -17,6 +19,13 @@ the former design's profile was taken).
 
 ``sums`` times pyarrow's hash group-by of the merge input's 10M rows by row, summing the
 diffs as int64 and as decimal128(38, 0) (what ``lamina.consolidate`` chooses between).
+
+``timeline`` runs the step with Spark ``--runs`` times and prints, per job, when its
+first task started and its last ended, the tasks' wall and CPU seconds and the slot-seconds
+no task ran. ``pertask`` measures what a task costs beyond its work (jobs of 32 tasks
+that only read their input: job wall, input wait, gap between tasks, worker CPU), as
+PySpark runs tasks and after ``gc.freeze()``; ``--conf K=V`` overrides the session's
+configuration.
 
 ``wal`` times the pieces of an append of bench/wal_append.py's 10,000-row batches (eight
 distinct ones, so caches do not flatter it) in the loop, ``--runs`` appends a round: the
@@ -36,6 +45,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import itertools
 import json
 import pstats
 import shutil
@@ -159,6 +169,116 @@ def jvm(step: str, scale: float, runs: int, top: int) -> None:
         while not recording.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         _jfr_top(recording, top)
+
+
+def timeline(step: str, scale: float, runs: int) -> None:
+    """The step with Spark (``local[*]``), ``runs`` times, each task's start, end and CPU
+    logged by wrappers of the driver's task functions: per job, when its first task
+    started and its last ended (from the step's start), the tasks' wall and CPU seconds,
+    and the slot-seconds no task ran (the job's span times the slots, less the tasks'
+    wall)."""
+    import os
+
+    from lamina.compacter.spark import build_session
+    from lamina.compacter.step import driver
+
+    def logged(factory: Callable[..., Any], job: str, log: str) -> Callable[..., Any]:
+        def make(*args: Any, **kwargs: Any) -> Any:
+            fn = factory(*args, **kwargs)
+
+            def task(batches: Any) -> Iterator[pa.RecordBatch]:
+                start, cpu = time.time(), time.process_time()
+                out = list(fn(batches))
+                with open(log, "a") as f:
+                    f.write(json.dumps({"job": job, "start": start, "end": time.time(),
+                                        "cpu": time.process_time() - cpu,
+                                        "pid": os.getpid()}) + "\n")
+                yield from out
+            return task
+        return make
+
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        log = str(Path(tmp) / "tasks.jsonl")
+        driver.decoder = logged(driver.decoder, "decode", log)  # type: ignore[assignment]
+        driver.writer = logged(driver.writer, "write", log)  # type: ignore[assignment]
+        driver.merger = logged(driver.merger, "merge", log)  # type: ignore[assignment]
+        spark = build_session("local[*]", app_name="bench-profile")
+        slots = int(spark.sparkContext.defaultParallelism)
+        _, fn = _step(step, scale, Path(tmp))
+        for i in range(runs):
+            Path(log).unlink(missing_ok=True)
+            started = time.time()
+            fn(spark)
+            ended = time.time()
+            events = [json.loads(line) for line in Path(log).read_text().splitlines()]
+            print(f"run {i + 1}: {ended - started:.2f} s, {slots} slots")
+            for job in ("decode", "write", "merge"):
+                tasks = [e for e in events if e["job"] == job]
+                if not tasks:
+                    continue
+                first = min(e["start"] for e in tasks) - started
+                last = max(e["end"] for e in tasks) - started
+                wall = sum(e["end"] - e["start"] for e in tasks)
+                cpu = sum(e["cpu"] for e in tasks)
+                print(f"  {job:6s} {len(tasks):3d} tasks  first start {first:5.2f} s  last end "
+                      f"{last:5.2f} s  task wall {wall:5.2f} s  CPU {cpu:5.2f} s  idle "
+                      f"{slots * (last - first) - wall:5.2f} slot-s")
+        spark.stop()
+
+
+def _trivial_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A task that only reads its input: when it started, when its input had come, when
+    it ended, its worker's pid and CPU seconds so far."""
+    import os
+
+    start = time.time()
+    rows = sum(b.num_rows for b in batches)
+    got = time.time()
+    yield pa.RecordBatch.from_pydict({
+        "pid": [os.getpid()], "start": [start], "got": [got], "end": [time.time()],
+        "cpu": [time.process_time()], "rows": [rows]})
+
+
+def pertask(confs: list[str], jobs: int) -> None:
+    """What a Spark task of lamina's kind costs beyond its work: ``jobs`` jobs of 32 tasks
+    that only read their one-row input (``spark.range(32, numPartitions=32)``, as a
+    step's jobs run), first as PySpark runs any task, then through the driver's
+    ``_gc_frozen``; per phase the median job wall, the median time a task waited for its
+    input, the median gap between two tasks of one worker and the worker CPU per task.
+    ``--conf K=V`` overrides the session's configuration (e.g.
+    ``spark.python.unix.domain.socket.enabled=false``, TCP)."""
+    import statistics
+
+    from lamina.compacter.spark import build_session
+    from lamina.compacter.step.driver import _gc_frozen
+
+    conf = dict(c.split("=", 1) for c in confs)
+    spark = build_session("local[*]", app_name="bench-profile", conf=conf)
+    ddl = "pid long, start double, got double, end double, cpu double, rows long"
+    spark.range(0, 4, 1, 4).mapInArrow(_trivial_task, ddl).collect()  # start the workers
+    print(f"{jobs} jobs of 32 trivial tasks per phase; conf overrides {conf or 'none'}")
+    for phase, fn in (("as PySpark runs them", _trivial_task),
+                      ("after gc.freeze() (_gc_frozen)", _gc_frozen(_trivial_task))):
+        walls: list[float] = []
+        waits: list[float] = []
+        gaps: list[float] = []
+        cpus: list[float] = []
+        for _ in range(jobs):
+            started = time.perf_counter()
+            rows = spark.range(0, 32, 1, 32).mapInArrow(fn, ddl).collect()
+            walls.append(time.perf_counter() - started)
+            waits += [r.got - r.start for r in rows]
+            by_worker: dict[int, list[Any]] = collections.defaultdict(list)
+            for r in rows:
+                by_worker[r.pid].append(r)
+            for tasks in by_worker.values():
+                tasks.sort(key=lambda r: r.start)
+                gaps += [b.start - a.end for a, b in itertools.pairwise(tasks)]
+                cpus += [b.cpu - a.cpu for a, b in itertools.pairwise(tasks)]
+        print(f"  {phase:32s} job {statistics.median(walls) * 1e3:6.0f} ms  input wait "
+              f"{statistics.median(waits) * 1e3:5.1f} ms  gap {statistics.median(gaps) * 1e3:5.1f}"
+              f" ms  worker CPU {statistics.median(cpus) * 1e3:5.1f} ms per task")
+    spark.stop()
 
 
 def _best(fn: Callable[[], object], n: int = 3) -> float:
@@ -309,11 +429,13 @@ def _wal_cadence(batches: list[pa.Table], blocks: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile",
                                      description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "wal"))
+    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "wal", "timeline", "pertask"))
     parser.add_argument("--step", choices=("convert", "merge"), default="convert")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--conf", action="append", default=[], metavar="K=V",
+                        help="pertask: a Spark configuration override (repeatable)")
     args = parser.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
     if args.mode == "tasks":
@@ -322,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         jvm(args.step, args.scale, args.runs, args.top)
     elif args.mode == "sums":
         sums(args.scale)
+    elif args.mode == "timeline":
+        timeline(args.step, args.scale, args.runs)
+    elif args.mode == "pertask":
+        pertask(args.conf, max(args.runs, 3))
     else:
         wal(max(args.runs, 10))
     return 0

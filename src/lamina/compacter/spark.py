@@ -82,6 +82,10 @@ def default_conf(master: str, *, driver_memory: str = DEFAULT_DRIVER_MEMORY) -> 
         "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
         "spark.sql.execution.arrow.useLargeVarTypes": "false",
         "spark.python.worker.reuse": "true",
+        # The JVM talks to its Python workers over a Unix socket, not TCP: over TCP every
+        # task of a step waited about 40 ms for its one-row input (Nagle's algorithm
+        # against delayed ACKs; docs/performance.md, "Forty milliseconds a task").
+        "spark.python.unix.domain.socket.enabled": "true",
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.driver.memory": driver_memory,
