@@ -188,11 +188,13 @@ def timeline(step: str, scale: float, runs: int) -> None:
 
             def task(batches: Any) -> Iterator[pa.RecordBatch]:
                 start, cpu = time.time(), time.process_time()
-                out = list(fn(batches))
+                ids = list(batches)
+                out = list(fn(iter(ids)))
                 with open(log, "a") as f:
                     f.write(json.dumps({"job": job, "start": start, "end": time.time(),
                                         "cpu": time.process_time() - cpu,
-                                        "pid": os.getpid()}) + "\n")
+                                        "pid": os.getpid(),
+                                        "task": ids[0].column(0)[0].as_py()}) + "\n")
                 yield from out
             return task
         return make
@@ -223,6 +225,9 @@ def timeline(step: str, scale: float, runs: int) -> None:
                 print(f"  {job:6s} {len(tasks):3d} tasks  first start {first:5.2f} s  last end "
                       f"{last:5.2f} s  task wall {wall:5.2f} s  CPU {cpu:5.2f} s  idle "
                       f"{slots * (last - first) - wall:5.2f} slot-s")
+                print("         task:seconds in start order " + " ".join(
+                    f"{e['task']}:{e['end'] - e['start']:.2f}"
+                    for e in sorted(tasks, key=lambda e: e["start"])))
         spark.stop()
 
 

@@ -83,6 +83,12 @@ def segment_ranges(span: SegmentSpan, relation: str, target: int) -> list[Segmen
     decoded (file bytes times the span's ``expansion``: a compressed segment is cut
     into more ranges than an uncompressed one of its size).
 
+    No cut leaves less than a quarter of ``target`` after it: the last range takes a short
+    tail (a segment's closing PROGRESS record alone, or its last few records) instead of
+    becoming a work item of its own, which :func:`lamina.compacter.step.work.pack` would
+    have made a task of its own, a Spark task that decodes nothing (6 of the 21 decode
+    tasks of the 10M-update conversion before; docs/performance.md).
+
     Only frame headers are read (through a read-only mmap); checksums are verified by
     :func:`range_updates`. A frame whose length runs past the end of the file stops the
     walk: the rest of the file becomes the last range, and reading it reports the damage
@@ -96,7 +102,7 @@ def segment_ranges(span: SegmentSpan, relation: str, target: int) -> list[Segmen
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             for off, _, length in frame_headers(mm, start, size):
                 end = off + HEADER_SIZE + length
-                if end - cuts[-1] >= target and end < size:
+                if end - cuts[-1] >= target and size - end >= max(target // 4, 1):
                     cuts.append(end)
     cuts.append(max(size, start))
     return [SegmentRange(path=str(path), seq=span.seq, start=a, end=b, first=i == 0,
