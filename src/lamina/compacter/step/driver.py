@@ -109,8 +109,8 @@ def _gc_frozen(fn: TaskFn) -> TaskFn:
 
     PySpark's worker daemon runs a full ``gc.collect()`` after every task of a reused
     worker, before the worker takes its next task. With pyarrow, numpy and lamina loaded
-    that pass walks every object of the worker, about 30 ms a task (a job of 32 trivial
-    tasks: 31 ms of the worker's CPU per task, 1.8 ms once frozen; docs/performance.md).
+    that pass walks every object of the worker: 25 to 28 ms of the worker's CPU per task,
+    1.5 to 2.1 ms once frozen (``python -m bench.profile pertask``; docs/performance.md).
     Freezing at the start of each task moves what lives then (modules, caches: the
     previous task's garbage is already collected) out of the collector's reach, so the
     pass after the task walks only what the task made. The worker processes belong to the
