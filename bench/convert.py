@@ -20,7 +20,9 @@ interleaved:
   consolidated with ``groupBy(future, row, time).agg(sum)``, filter, ``orderBy``,
   ``write.partitionBy("future").parquet`` (zstd), in a session with lamina's settings.
 
-Every time includes reading the segments. Reported: median seconds, updates/s and the
+Every time includes reading the segments. lamina's scratch runs use the daemon's
+``scratch_compression`` as ``LAMINA_SCRATCH_COMPRESSION`` gives it (default ``lz4``),
+recorded in the result. Reported: median seconds, updates/s and the
 ratios of lamina's throughput to each baseline's (targets: >= 0.5x DuckDB, >= 3x naive),
 peak RSS by process role during the measured runs (:class:`bench.procs.MemorySampler`), and
 with ``--verify`` a check that lamina's batch and pending buckets equal the reference
@@ -29,6 +31,7 @@ executor's. Writes bench/results/convert.json and convert.png.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -51,6 +54,27 @@ TARGETS = {"duckdb": 0.5, "naive": 3.0}
 
 
 # --- the contenders (child side) -----------------------------------------------------------------
+
+def tuning() -> Any:
+    """The daemon's tuning of a conversion, ``scratch_compression`` taken from
+    ``LAMINA_SCRATCH_COMPRESSION`` as the daemon takes it (default ``lz4``), so that
+    ``LAMINA_SCRATCH_COMPRESSION=none python -m bench.convert`` measures that setting."""
+    from lamina.compacter.step.work import JobTuning
+
+    return JobTuning(run_compression=scratch_compression())
+
+
+def scratch_compression() -> Any:
+    from typing import get_args
+
+    from lamina.compacter.step.runs import RunCompression
+
+    value = os.environ.get("LAMINA_SCRATCH_COMPRESSION", "lz4")
+    if value not in get_args(RunCompression):
+        raise SystemExit(f"LAMINA_SCRATCH_COMPRESSION={value!r} is not one of "
+                         f"{get_args(RunCompression)}")
+    return value
+
 
 def decode(inp: Input, spans: list[SegmentSpan]) -> pa.Table:
     """Every update of the segments, through lamina's reader (checksums verified)."""
@@ -78,7 +102,7 @@ def lamina_run(spark: Any, inp: Input, spans: list[SegmentSpan], work: Path,
     trace = Trace.open(LocalObjectStore(trace_dir), inp.meta)
     plan = plan_conversion(trace.state, spans)
     started = time.monotonic()
-    result = spark_convert(spark, trace, plan)
+    result = spark_convert(spark, trace, plan, tuning=tuning())
     parts, pending = result.parts, result.pending
     state = trace.commit_conversion(plan, parts, pending)
     seconds = time.monotonic() - started
@@ -225,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         "scale": args.scale, "master": args.master, "rounds": args.rounds,
         "input": {"updates": inp.updates, "keys": inp.keys, "wal_bytes": inp.wal_bytes(),
                   "segments": len(inp.spans())},
-        "plan_seconds": round(plan_seconds(inp), 3)}
+        "plan_seconds": round(plan_seconds(inp), 3),
+        "scratch_compression": scratch_compression()}
     child = ["--scale", str(args.scale), "--master", args.master]
     contenders = {c: ["--child", c, *child] for c in args.contenders.split(",")}
     doc.update(compare(NAME, "bench.convert", scale=args.scale, rounds=args.rounds,

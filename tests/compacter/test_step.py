@@ -106,11 +106,11 @@ def test_order_prefix_is_monotone_in_batch_order(type_: pa.DataType, values: Any
                                               strict=True) if v is None)
 
 
-@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+@pytest.mark.parametrize("codec", ["lz4", "zstd", "none"])
 def test_runs_are_written_with_the_tuned_codec(tmp_path: Path, codec: RunCompression) -> None:
-    """A scratch run's record batches are compressed with the codec asked for (read from
-    the bytes: each batch body starts with a buffer's length, then that codec's frame) and
-    read back as written, batch spans included."""
+    """A scratch run's record batches are compressed with the codec asked for, or not at
+    all (read from the bytes: each compressed batch body starts with a buffer's length,
+    then that codec's frame) and read back as written, batch spans included."""
     store = LocalObjectStore(tmp_path)
     rng = random.Random(3)
     ids = sorted(rng.randrange(5_000) for _ in range(20_000))

@@ -75,9 +75,10 @@ class Settings(ServiceSettings):
     max_segments_per_job: int = Field(64, ge=1)
     max_bytes_per_job: int = Field(1 << 30, ge=1, description="WAL bytes per conversion (decoded)")
     scratch_compression: RunCompression = Field(
-        "lz4", description="codec of a large conversion's scratch runs (lz4, or zstd: "
-        "about 2.4 times smaller for more CPU; where disk is short, with the writers' "
-        "wal_compression)")
+        "lz4", description="codec of a large conversion's scratch runs (lz4; zstd: about "
+        "2.4 times smaller for more CPU, where disk is short, with the writers' "
+        "wal_compression; none: the runs at their decoded size, a conversion's CPU a "
+        "sixth less, where the disk has room)")
     retry_initial_seconds: float = Field(1.0, gt=0)
     retry_max_seconds: float = Field(60.0, gt=0)
     shutdown_grace_seconds: float = Field(30.0, ge=0)

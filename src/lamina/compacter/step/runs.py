@@ -45,14 +45,18 @@ import pyarrow as pa
 from lamina.objstore.base import ObjectStore
 from lamina.trace.order import Key
 
-RunCompression = Literal["lz4", "zstd"]
-"""The codec of a run's record batches. LZ4 (the default) costs the least CPU; ZSTD (level
-1) makes the runs of the peers benchmark's stream about 2.4 times smaller (24.7 against
-10.2 MB for 3.75M sorted updates of four int64 columns) for more CPU (0.22 against 0.12 s
-to write those rows, 0.40 against 0.37 s to read them back): the trade for a disk that is
-short of room, where a large conversion's runs are most of what the trace directory holds
-while it runs (docs/operations.md, "Disk"). Readers need not know it: Arrow IPC names each
-batch's codec."""
+RunCompression = Literal["lz4", "zstd", "none"]
+"""The codec of a run's record batches. LZ4 (the default) costs the least CPU of the two
+codecs; ZSTD (level 1) makes the runs of the peers benchmark's stream about 2.4 times
+smaller (24.7 against 10.2 MB for 3.75M sorted updates of four int64 columns) for more CPU
+(0.22 against 0.12 s to write those rows, 0.40 against 0.37 s to read them back): the trade
+for a disk that is short of room, where a large conversion's runs are most of what the
+trace directory holds while it runs (docs/operations.md, "Disk"). ``none`` writes the
+buffers as they are: on 3M sorted rows of the conversion benchmark's table, 168 MB against
+50 (LZ4) and 21 MB (ZSTD), and 0.07 s of CPU to write and 0.03 s to read against 0.20 and
+0.12 s (LZ4); the 10M-update conversion took 3.48 s against 4.13 s (docs/performance.md),
+for a peak of scratch about its decoded input. Readers need not know it: Arrow IPC names
+each batch's codec."""
 
 RUN_BATCH_ROWS = 1 << 16
 """Rows per record batch of a future run, and the most per batch of a batch-row run (a
@@ -105,7 +109,7 @@ def write_run(store: ObjectStore, key: str, table: pa.Table, lead: str,
     table = table.combine_chunks()
     values = table.column(lead).to_numpy()
     spans = []
-    options = pa.ipc.IpcWriteOptions(compression=compression)
+    options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
     with store.writer(key, durable=False) as out:
         sink = pa.PythonFile(out, mode="w")
         with pa.ipc.new_file(sink, table.schema, options=options) as writer:
