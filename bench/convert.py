@@ -65,6 +65,8 @@ def tuning() -> Any:
 
 
 def scratch_compression() -> Any:
+    """``LAMINA_SCRATCH_COMPRESSION`` (default ``lz4``), refused unless a codec of
+    :data:`lamina.compacter.step.runs.RunCompression`."""
     from typing import get_args
 
     from lamina.compacter.step.runs import RunCompression

@@ -1,8 +1,8 @@
 """The scratch run format: what decode tasks leave for the write tasks.
 
 A *run* is one decode task's rows, ordered by an integer lead column, as an Arrow IPC file
-of compressed record batches (LZ4, or ZSTD where the daemon's ``scratch_compression`` says
-so: :data:`RunCompression`) under the step's scratch directory
+of record batches (LZ4-compressed, or ZSTD or uncompressed where the daemon's
+``scratch_compression`` says so: :data:`RunCompression`) under the step's scratch directory
 (``TraceLayout.scratch(batch_id)``, i.e. ``batches/<batch id>.scratch/``):
 
 - ``run-<group:05d>.arrow``: the group's batch rows ordered by the prefix column, in
