@@ -65,17 +65,14 @@ def tuning() -> Any:
 
 
 def scratch_compression() -> Any:
-    """``LAMINA_SCRATCH_COMPRESSION`` (default ``lz4``), refused unless a codec of
-    :data:`lamina.compacter.step.runs.RunCompression`."""
-    from typing import get_args
+    """The daemon's ``scratch_compression`` as ``LAMINA_SCRATCH_COMPRESSION`` gives it
+    (default ``lz4``), read by the daemon's own settings (a bad value is refused naming
+    the key)."""
+    from lamina.compacter.settings import load_settings
 
-    from lamina.compacter.step.runs import RunCompression
-
-    value = os.environ.get("LAMINA_SCRATCH_COMPRESSION", "lz4")
-    if value not in get_args(RunCompression):
-        raise SystemExit(f"LAMINA_SCRATCH_COMPRESSION={value!r} is not one of "
-                         f"{get_args(RunCompression)}")
-    return value
+    key = "LAMINA_SCRATCH_COMPRESSION"
+    return load_settings(env={key: os.environ[key]} if key in os.environ else {}
+                         ).scratch_compression
 
 
 def decode(inp: Input, spans: list[SegmentSpan]) -> pa.Table:
