@@ -354,81 +354,74 @@ def wal(runs: int) -> None:
             for i in range(runs):
                 rel.append(batches[i % 8])
             appends.append((time.perf_counter() - started) / runs * 1e3)
+        cadence = _wal_cadence(rel, fd, encoder, batches, runs)
         os.close(fd)
     print(f"ms per append of 10,000 updates ({size:,} record bytes), the pieces of an append "
           f"timed in the loop, 5 rounds of {runs}:")
     for name, ms in [*steps.items(), ("Relation.append (all of it)", appends)]:
         print(f"  {name:30s} median {sorted(ms)[2]:.3f}  ({' '.join(f'{m:.3f}' for m in ms)})")
-    _wal_cadence(batches, runs)
+    print(f"at the append's cadence ({runs} blocks of 20 appends per side, taking turns): "
+          "ms per append, wall and thread CPU, and raw's wall over it")
+    raw = cadence["raw write + fdatasync"][0]
+    for name, (wall, cpu) in cadence.items():
+        print(f"  {name:32s} {wall:.3f}  CPU {cpu:.3f}  ratio {raw / wall:.3f}")
 
 
-def _wal_cadence(batches: list[pa.Table], blocks: int) -> None:
-    """Raw write + fdatasync of each record, alone and after one more piece of an append's
-    work, in blocks of 20 taking turns (see the module docstring)."""
+def _wal_cadence(rel: Any, fd: int, encoder: Any, batches: list[pa.Table], blocks: int
+                 ) -> dict[str, tuple[float, float]]:
+    """Raw write + fdatasync of each record to ``fd``, alone and after one more piece of an
+    append's work, and ``rel.append``, in blocks of 20 taking turns (see the module
+    docstring): per side, milliseconds of wall and of thread CPU per append."""
     import os
 
     import crc32c
 
-    from bench.wal_append import SCHEMA
-    from lamina import Store
     from lamina.schema import check_diffs, conform_updates
     from lamina.wal.log import least_time
-    from lamina.wal.record import RecordType, UpdatesEncoder, encode_updates, frame
+    from lamina.wal.record import RecordType, encode_updates, frame
 
-    with tempfile.TemporaryDirectory(dir=CACHE) as tmp, \
-            Store.open(Path(tmp) / "data", fsync="always") as store:
-        rel = store.create_relation("bench", SCHEMA, key=["id"])
-        meta = rel.meta
-        conformed = [conform_updates(meta, b) for b in batches]
-        records = [frame(RecordType.UPDATES, encode_updates(t)) for t in conformed]
-        encoder = UpdatesEncoder(meta.update_schema)
-        pieces = [encoder.encode(t)[0] for t in conformed]  # over the tables' own buffers
-        fd = os.open(Path(tmp) / "raw.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    meta = rel.meta
+    conformed = [conform_updates(meta, b) for b in batches]
+    records = [frame(RecordType.UPDATES, encode_updates(t)) for t in conformed]
+    pieces = [encoder.encode(t)[0] for t in conformed]  # over the tables' own buffers
 
-        def crc(i: int) -> list[Any]:
-            value = 0
-            for piece in pieces[i]:
-                value = crc32c.crc32c(piece, value)
-            return [records[i]]
+    def crc(i: int) -> list[Any]:
+        value = 0
+        for piece in pieces[i]:
+            value = crc32c.crc32c(piece, value)
+        return [records[i]]
 
-        def checks(i: int) -> list[Any]:
-            table = check_diffs(meta, conform_updates(meta, batches[i]))
-            least_time(table.column(table.num_columns - 2))
-            return [records[i]]
+    def checks(i: int) -> list[Any]:
+        table = check_diffs(meta, conform_updates(meta, batches[i]))
+        least_time(table.column(table.num_columns - 2))
+        return [records[i]]
 
-        def inline(i: int) -> list[Any]:
-            table = check_diffs(meta, conform_updates(meta, batches[i]))
-            least_time(table.column(table.num_columns - 2))
-            return encoder.encode(table)[0]
+    def inline(i: int) -> list[Any]:
+        table = check_diffs(meta, conform_updates(meta, batches[i]))
+        least_time(table.column(table.num_columns - 2))
+        return encoder.encode(table)[0]
 
-        sides: dict[str, Callable[[int], list[Any]] | None] = {
-            "raw write + fdatasync": lambda i: [records[i]],
-            "+ CRC32C of the table's buffers": crc,
-            "+ input and time checks": checks,
-            "checks + encoding, inline": inline,
-            "Relation.append": None}
-        wall = dict.fromkeys(sides, 0)
-        cpu = dict.fromkeys(sides, 0)
-        rel.append(batches[0])  # open the writer
-        for _ in range(blocks):
-            for name, work in sides.items():
-                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-                for i in range(20):
-                    if work is None:
-                        rel.append(batches[i % 8])
-                        continue
-                    os.writev(fd, work(i % 8))
-                    os.fdatasync(fd)
-                wall[name] += time.perf_counter_ns() - t0
-                cpu[name] += time.thread_time_ns() - c0
-        os.close(fd)
+    sides: dict[str, Callable[[int], list[Any]] | None] = {
+        "raw write + fdatasync": lambda i: [records[i]],
+        "+ CRC32C of the table's buffers": crc,
+        "+ input and time checks": checks,
+        "checks + encoding, inline": inline,
+        "Relation.append": None}
+    wall = dict.fromkeys(sides, 0)
+    cpu = dict.fromkeys(sides, 0)
+    for _ in range(blocks):
+        for name, work in sides.items():
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+            for i in range(20):
+                if work is None:
+                    rel.append(batches[i % 8])
+                    continue
+                os.writev(fd, work(i % 8))
+                os.fdatasync(fd)
+            wall[name] += time.perf_counter_ns() - t0
+            cpu[name] += time.thread_time_ns() - c0
     n = blocks * 20
-    raw = wall["raw write + fdatasync"]
-    print(f"at the append's cadence ({blocks} blocks of 20 appends per side, taking turns): "
-          "ms per append, wall and thread CPU, and raw's wall over it")
-    for name in sides:
-        print(f"  {name:32s} {wall[name] / n / 1e6:.3f}  CPU {cpu[name] / n / 1e6:.3f}  "
-              f"ratio {raw / wall[name]:.3f}")
+    return {name: (wall[name] / n / 1e6, cpu[name] / n / 1e6) for name in sides}
 
 
 def main(argv: list[str] | None = None) -> int:
