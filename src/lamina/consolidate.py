@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from lamina import columns
 from lamina.errors import DiffOverflowError
 from lamina.frontier import as_time
+from lamina.packed import merge_packed
 from lamina.schema import DIFF, TIME
 
 INT64_MIN = -(2**63)
@@ -237,6 +238,10 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     and ``unsorted`` tables of the same columns: the rows :func:`consolidate` gives over
     all of them, in ``sort_columns`` order, or None where :func:`sum_adjacent` declines.
 
+    Integer and boolean rows whose values pack into one uint64 are merged by one numpy
+    sort of their packed keys (:func:`lamina.packed.merge_packed`), which writes the live
+    rows once; the rest as follows.
+
     Each run is summed run by run, the pieces are merged by one sort (fast on presorted
     runs) and summed again. With ``workers > 1`` and enough rows the key space is cut into
     ``workers`` ranges of the first sort column (its values at the quantiles of the
@@ -245,6 +250,9 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     results concatenated in order are sorted. (Arrow's sort is single-threaded.)"""
     pieces = [t for t in runs if t.num_rows]
     loose_rows = [t for t in unsorted if t.num_rows]
+    packed = merge_packed([*pieces, *loose_rows], row_columns, sort_columns)
+    if packed is not None:
+        return packed
     if loose_rows:
         pieces.append(sort(pa.concat_tables(loose_rows), sort_columns))
     if not pieces or any(pa.types.is_floating(pieces[0].schema.field(c).type)
