@@ -32,8 +32,9 @@ def _bounds(t: pa.DataType) -> tuple[int, int]:
 
 
 @st.composite
-def _inputs(draw: st.DrawFn) -> tuple[list[pa.Table], list[str]]:
-    """Sorted runs and an unsorted tail of 1 to 3 integer or boolean row columns."""
+def _inputs(draw: st.DrawFn) -> tuple[list[pa.Table], list[pa.Table], list[str]]:
+    """Sorted runs (sometimes consecutive parts of one sorted table) and an unsorted tail
+    of 1 to 3 integer or boolean row columns, and the sort order."""
     types = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=3))
     names = [f"c{i}" for i in range(len(types))]
     n = draw(st.integers(1, 60))
@@ -53,16 +54,21 @@ def _inputs(draw: st.DrawFn) -> tuple[list[pa.Table], list[str]]:
     tail = draw(st.integers(0, n))  # the first rows, left unsorted (a WAL tail)
     edges = sorted({tail, n, *draw(st.lists(st.integers(tail, n), max_size=3))})
     runs = [sort(table.slice(a, b - a), order) for a, b in pairwise(edges)]
-    return [table.slice(0, tail), *runs], list(order)
+    if draw(st.booleans()):  # a batch's parts: one sorted table cut in order
+        whole = sort(table.slice(tail), order)
+        runs = [whole.slice(a - tail, b - a) for a, b in pairwise(edges)]
+    return runs, [table.slice(0, tail)], list(order)
 
 
 @settings(max_examples=400, deadline=None)
-@given(_inputs())
-def test_packed_merge_equals_consolidate(case: tuple[list[pa.Table], list[str]]) -> None:
-    pieces, order = case
-    names = [c for c in pieces[0].column_names if c != DIFF]
-    out = merge_packed(pieces, names, order)
-    whole = pa.concat_tables(pieces)
+@given(_inputs(), st.integers(1, 3))
+def test_packed_merge_equals_consolidate(
+        case: tuple[list[pa.Table], list[pa.Table], list[str]], workers: int) -> None:
+    """On 1 to 3 key ranges (one row per worker is enough to split)."""
+    runs, tail, order = case
+    names = [c for c in tail[0].column_names if c != DIFF]
+    out = merge_packed(runs, tail, names, order, workers=workers, min_rows_per_worker=1)
+    whole = pa.concat_tables([*runs, *tail])
     expected = consolidate(whole, names, order)
     spans = 1
     for c in order:
@@ -78,21 +84,21 @@ def test_packed_merge_equals_consolidate(case: tuple[list[pa.Table], list[str]])
 
 def test_packed_merge_declines_what_it_does_not_cover() -> None:
     ints = pa.table({"k": pa.array([1, 2], pa.int64()), DIFF: pa.array([1, 1], pa.int64())})
-    assert merge_packed([ints], ["k"], ["k"]) is not None
+    assert merge_packed([ints], [], ["k"], ["k"]) is not None
     with_null = pa.table({"k": pa.array([1, None], pa.int64()),
                           DIFF: pa.array([1, 1], pa.int64())})
-    assert merge_packed([with_null], ["k"], ["k"]) is None
+    assert merge_packed([with_null], [], ["k"], ["k"]) is None
     strings = pa.table({"k": pa.array(["a"]), DIFF: pa.array([1], pa.int64())})
-    assert merge_packed([strings], ["k"], ["k"]) is None
+    assert merge_packed([strings], [], ["k"], ["k"]) is None
     floats = pa.table({"k": pa.array([1.0]), DIFF: pa.array([1], pa.int64())})
-    assert merge_packed([floats], ["k"], ["k"]) is None
+    assert merge_packed([floats], [], ["k"], ["k"]) is None
     wide = pa.table({"a": pa.array([0, 2**40], pa.int64()), "b": pa.array([0, 2**40]),
                      DIFF: pa.array([1, 1], pa.int64())})
-    assert merge_packed([wide], ["a", "b"], ["a", "b"]) is None  # 2**82 rows of key space
+    assert merge_packed([wide], [], ["a", "b"], ["a", "b"]) is None  # 2**82 rows of key space
     big = pa.table({"k": pa.array([1, 2], pa.int64()),
                     DIFF: pa.array([INT64_MAX, 1], pa.int64())})
-    assert merge_packed([big], ["k"], ["k"]) is None  # a sum could wrap
-    assert merge_packed([ints.slice(0, 0)], ["k"], ["k"]) is None
+    assert merge_packed([big], [], ["k"], ["k"]) is None  # a sum could wrap
+    assert merge_packed([ints.slice(0, 0)], [], ["k"], ["k"]) is None
 
 
 @pytest.mark.parametrize("t", [pa.int64(), pa.uint64()])
@@ -101,7 +107,7 @@ def test_a_column_spanning_the_whole_word(t: pa.DataType) -> None:
     lo, hi = _bounds(t)
     table = pa.table({"k": pa.array([hi, lo, 0, hi, lo], t),
                       DIFF: pa.array([1, 1, 1, 1, -1], pa.int64())})
-    out = merge_packed([table], ["k"], ["k"])
+    out = merge_packed([], [table], ["k"], ["k"])
     assert out is not None
     assert out.equals(consolidate(table, ["k"], ["k"]))
     assert out.column("k").to_pylist() == [0, hi]
@@ -118,8 +124,27 @@ def test_merge_runs_takes_the_packed_path_for_a_large_integer_input() -> None:
     runs = [sort(table.slice(a, 300_000), ["id", "qty"]) for a in (0, 300_000, 600_000)]
     tail = table.slice(900_000)
     out = merge_runs(runs, [tail], ["id", "qty"], ["id", "qty"], workers=2)
-    packed = merge_packed([*runs, tail], ["id", "qty"], ["id", "qty"])
+    packed = merge_packed(runs, [tail], ["id", "qty"], ["id", "qty"])
     assert packed is not None
     assert out is not None
     assert out.equals(packed)
     assert out.equals(consolidate(table, ["id", "qty"], ["id", "qty"]))
+
+
+def test_parts_in_key_order_come_back_without_a_copy() -> None:
+    """A batch's parts in order, no two rows equal and no zero diff (a compacted trace):
+    the result's columns are the parts' own buffers; with a repeated row, it is summed."""
+    table = pa.table({"k": pa.array(np.arange(1000), pa.int64()),
+                      "v": pa.array(np.arange(1000) % 7, pa.int32()),
+                      DIFF: pa.array(np.ones(1000, dtype=np.int64))})
+    parts = [table.slice(0, 400), table.slice(400, 600)]
+    out = merge_packed(parts, [], ["k", "v"], ["k", "v"])
+    assert out is not None
+    assert out.equals(consolidate(table, ["k", "v"], ["k", "v"]))
+    assert out.column("k").chunk(0).buffers()[1].address == \
+        table.column("k").chunk(0).buffers()[1].address
+    repeated = [table.slice(0, 400), table.slice(399, 601)]  # row 399 twice
+    out = merge_packed(repeated, [], ["k", "v"], ["k", "v"])
+    assert out is not None
+    assert out.equals(consolidate(pa.concat_tables(repeated), ["k", "v"], ["k", "v"]))
+    assert out.column(DIFF).to_pylist()[399] == 2

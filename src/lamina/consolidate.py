@@ -250,7 +250,8 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     results concatenated in order are sorted. (Arrow's sort is single-threaded.)"""
     pieces = [t for t in runs if t.num_rows]
     loose_rows = [t for t in unsorted if t.num_rows]
-    packed = merge_packed([*pieces, *loose_rows], row_columns, sort_columns)
+    packed = merge_packed(pieces, loose_rows, row_columns, sort_columns, workers=workers,
+                          min_rows_per_worker=min_rows_per_worker)
     if packed is not None:
         return packed
     if loose_rows:

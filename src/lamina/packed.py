@@ -34,7 +34,9 @@ caller merges the general way. The result is row for row, and field for field, w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -134,45 +136,124 @@ def _digits(pieces: Sequence[pa.Table], sort_columns: Sequence[str]) -> list[_Di
     return out[::-1]
 
 
-def merge_packed(pieces: Sequence[pa.Table], row_columns: Sequence[str],
-                 sort_columns: Sequence[str]) -> pa.Table | None:
-    """Consolidate ``pieces`` (row columns and ``_diff``; each sorted or not) by packed
-    keys: the rows of :func:`lamina.consolidate.consolidate` over all of them, in
-    ``sort_columns`` order, with the same fields; or None where packing does not apply
-    (module docstring), including when there are no rows."""
-    pieces = [t for t in pieces if t.num_rows]
+def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
+                 row_columns: Sequence[str], sort_columns: Sequence[str], *,
+                 workers: int = 1, min_rows_per_worker: int = 500_000) -> pa.Table | None:
+    """Consolidate ``runs`` (each sorted by ``sort_columns``) and ``unsorted`` tables (row
+    columns and ``_diff``) by packed keys: the rows of
+    :func:`lamina.consolidate.consolidate` over all of them, in ``sort_columns`` order,
+    with the same fields; or None where packing does not apply (module docstring),
+    including when there are no rows.
+
+    With ``workers > 1`` and enough rows the key space is cut into that many ranges at
+    quantiles of the largest run's keys and each range is merged on a thread of its own
+    (numpy's sort, gathers and arithmetic release the GIL); the ranges' tables, in order,
+    are the result."""
+    sorted_pieces = [t for t in runs if t.num_rows]
+    pieces = [*sorted_pieces, *(t for t in unsorted if t.num_rows)]
     if not pieces or sorted(row_columns) != sorted(sort_columns):
         return None
     digits = _digits(pieces, sort_columns)
     if digits is None:
         return None
-    diffs = np.concatenate([columns.numpy(t.column(DIFF)) for t in pieces])
-    largest = max(abs(int(diffs.min())), abs(int(diffs.max())))
-    if largest * len(diffs) > _INT64_MAX:
+    diffs = [columns.numpy(t.column(DIFF)) for t in pieces]
+    n = sum(len(d) for d in diffs)
+    largest = max(max(abs(int(d.min())), abs(int(d.max()))) for d in diffs)
+    if largest * n > _INT64_MAX:
         return None
-    keys = np.empty(len(diffs), dtype=np.uint64)
-    for i, digit in enumerate(digits):
-        column = np.concatenate([columns.numpy(t.column(digit.name)) for t in pieces])
-        if i == 0:
-            keys[:] = digit.encode(column)
-        else:
-            keys += digit.encode(column)
-        del column
+    keys = [_keys(t, digits) for t in pieces]
+    names = pieces[0].column_names
+    if all(len(k) < 2 or bool(np.all(k[1:] >= k[:-1])) for k in keys[len(sorted_pieces):]) \
+            and all(a[-1] <= b[0] for a, b in pairwise(keys)):
+        return _in_order(pieces, np.concatenate(keys), np.concatenate(diffs), digits)
+    ranges = max(1, min(workers, n // max(1, min_rows_per_worker)))
+    bounds: list[int] = []
+    if ranges > 1 and sorted_pieces:
+        biggest = max(range(len(sorted_pieces)), key=lambda i: len(keys[i]))
+        for j in range(1, ranges):
+            b = int(keys[biggest][len(keys[biggest]) * j // ranges])
+            if b > (bounds[-1] if bounds else 0):
+                bounds.append(b)
+    cuts = np.array(bounds, dtype=np.uint64)
+    # per piece, the rows of each range: slices of a sorted run, a range id per row else
+    spans: list[list[int] | np.ndarray[Any, Any]] = [
+        [0, *np.searchsorted(k, cuts, "left").tolist(), len(k)] if i < len(sorted_pieces)
+        else np.searchsorted(cuts, k, "right") for i, k in enumerate(keys)]
+
+    def merge(r: int) -> pa.Table:
+        ks, ds = [], []
+        for k, d, where in zip(keys, diffs, spans, strict=True):
+            if isinstance(where, list):
+                ks.append(k[where[r]:where[r + 1]])
+                ds.append(d[where[r]:where[r + 1]])
+            elif len(cuts):
+                mask = where == r
+                ks.append(k[mask])
+                ds.append(d[mask])
+            else:
+                ks.append(k)
+                ds.append(d)
+        return _merged(np.concatenate(ks), np.concatenate(ds), digits, names)
+
+    if len(bounds) == 0:
+        return merge(0)
+    with ThreadPoolExecutor(max_workers=len(bounds) + 1,
+                            thread_name_prefix="packed") as pool:
+        tables = list(pool.map(merge, range(len(bounds) + 1)))
+    return pa.concat_tables(tables)
+
+
+def _in_order(pieces: Sequence[pa.Table], keys: np.ndarray[Any, Any],
+              diffs: np.ndarray[Any, Any], digits: Sequence[_Digit]) -> pa.Table:
+    """The merge of pieces whose rows, in the pieces' order, are already in key order (a
+    batch's parts one after the other, as a snapshot of a compacted trace reads them): no
+    sort; when no two rows are equal and no diff is zero, the pieces' own columns are the
+    result, and nothing is copied."""
+    names = pieces[0].column_names
+    starts_mask = np.empty(len(keys), dtype=np.bool_)
+    starts_mask[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=starts_mask[1:])
+    if bool(starts_mask.all()) and bool(np.all(diffs != 0)):
+        return pa.Table.from_arrays(  # fields as consolidate() makes them
+            [pa.chunked_array([c for t in pieces for c in t.column(name).chunks],
+                              type=pieces[0].schema.field(name).type) for name in names],
+            names=names)
+    return _summed(keys, diffs, starts_mask, digits, names)
+
+
+def _keys(table: pa.Table, digits: Sequence[_Digit]) -> np.ndarray[Any, Any]:
+    """The packed keys of ``table``'s rows."""
+    keys = digits[0].encode(columns.numpy(table.column(digits[0].name)))
+    for digit in digits[1:]:
+        keys += digit.encode(columns.numpy(table.column(digit.name)))
+    return keys
+
+
+def _merged(keys: np.ndarray[Any, Any], diffs: np.ndarray[Any, Any],
+            digits: Sequence[_Digit], names: Sequence[str]) -> pa.Table:
+    """Rows of ``keys`` (any order) with their ``diffs`` summed per key, zero sums
+    dropped, ordered by key and decoded into columns ``names``."""
     order = np.argsort(keys, kind="stable")
     keys = keys[order]
     diffs = diffs[order]
     del order
     starts_mask = np.empty(len(keys), dtype=np.bool_)
-    starts_mask[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=starts_mask[1:])
+    if len(keys):
+        starts_mask[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=starts_mask[1:])
+    return _summed(keys, diffs, starts_mask, digits, names)
+
+
+def _summed(keys: np.ndarray[Any, Any], diffs: np.ndarray[Any, Any],
+            starts_mask: np.ndarray[Any, Any], digits: Sequence[_Digit],
+            names: Sequence[str]) -> pa.Table:
+    """Sorted ``keys`` with their ``diffs`` summed over the runs that ``starts_mask``
+    starts, zero sums dropped, decoded into columns ``names``."""
     starts = np.flatnonzero(starts_mask)
-    del starts_mask
-    sums = np.add.reduceat(diffs, starts)
+    sums = np.add.reduceat(diffs, starts) if len(starts) else diffs[:0]
     keep = sums != 0
-    live = keys[starts[keep]]
-    del keys, diffs
+    live, sums = keys[starts[keep]], sums[keep]
     decoded = {d.name: d.decode(live) for d in digits}
-    names = pieces[0].column_names
     return pa.Table.from_arrays(
-        [columns.array(sums[keep]) if name == DIFF else decoded[name] for name in names],
-        names=names)
+        [columns.array(sums, pa.int64()) if name == DIFF else decoded[name]
+         for name in names], names=list(names))

@@ -1,6 +1,9 @@
 """The snapshot: the consolidated rows at ``as_of``, in memory (``Relation.snapshot``).
 
-Trace parts are sorted by row (then time), so each is first summed run by run
+Rows of integer (and boolean) columns whose value ranges pack into one uint64 are
+merged by one numpy sort of those packed keys, every part and the WAL tail together, and
+decoded once (:mod:`lamina.packed`). Otherwise: trace parts are sorted by row (then
+time), so each is first summed run by run
 (:func:`lamina.consolidate.sum_adjacent`: neighbour comparisons, no hashing), which usually
 leaves about one row per distinct row and part; those sorted runs (and the WAL tail) are
 then merged by one sort, which Arrow does fast on presorted runs, and summed run by run
