@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from lamina.consolidate import consolidate, merge_runs
 from lamina.datadir import RelationFiles
+from lamina.hugepages import small_pages
 from lamina.read.view import filter_times, pin, resolve_as_of
 from lamina.schema import TIME, RelationMeta
 
@@ -68,12 +69,14 @@ def consolidated(meta: RelationMeta, parts: list[pa.Table], wal: list[pa.Table],
     """The consolidated rows of untimed updates: ``parts`` each sorted by row (trace parts,
     or rows filtered out of them in order), ``wal`` in any order. The sorted runs are
     merged (:func:`lamina.consolidate.merge_runs`, on ``workers`` threads); where that
-    declines, a hash consolidation does it (``context`` names the read in its errors)."""
+    declines, a hash consolidation does it (``context`` names the read in its errors).
+    numpy's temporaries go without huge pages meanwhile (:mod:`lamina.hugepages`)."""
     runs = [loose(t) for t in parts]
     tail = [loose(t) for t in wal]
-    out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=workers)
-    if out is not None:
-        return out
-    table = pa.concat_tables([*runs, *tail]) if runs or tail else \
-        loose(meta.update_schema.empty_table().drop_columns([TIME]))
-    return consolidate(table, meta.row_columns, meta.sort_columns, context=context)
+    with small_pages():  # its temporaries (lamina.hugepages)
+        out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=workers)
+        if out is not None:
+            return out
+        table = pa.concat_tables([*runs, *tail]) if runs or tail else \
+            loose(meta.update_schema.empty_table().drop_columns([TIME]))
+        return consolidate(table, meta.row_columns, meta.sort_columns, context=context)
