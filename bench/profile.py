@@ -6,6 +6,8 @@
     .venv/bin/python -m bench.profile wal [--runs 300]
     .venv/bin/python -m bench.profile timeline [--step convert|merge] [--scale 1.0] [--runs 2]
     .venv/bin/python -m bench.profile pertask [--runs 5] [--conf K=V ...]
+    .venv/bin/python -m bench.profile reads --store DIR [--relation peers] [--cell CELL]
+                                            [--runs 3]
 
 ``tasks`` runs the step's Spark tasks in this process, one after the other, with no Spark
 at all (``lamina.compacter.step.driver`` hands the task functions to ``_run_tasks``, which this
@@ -26,6 +28,14 @@ no task ran. ``pertask`` measures what a task costs beyond its work (jobs of 32 
 that only read their input: job wall, input wait, gap between tasks, worker CPU), as
 PySpark runs tasks and after ``gc.freeze()``; ``--conf K=V`` overrides the session's
 configuration.
+
+``reads`` starts ``--runs`` fresh processes that each read the latest snapshot of
+``--store``'s relation twice and prints the first call's wall, system CPU and page
+faults, the second call's wall and the peak RSS. With ``--cell`` each process first lives
+as a bench.peers writer would: it appends that cell's stream (fsync "never") into a
+scratch store and drops it, which leaves its memory as fragmented as the peers benchmark's
+process is when it reads. ``python -m bench.peers_contenders lamina CELL DIR`` leaves a
+store of that cell in ``DIR/data``.
 
 ``wal`` times the pieces of an append of bench/wal_append.py's 10,000-row batches (eight
 distinct ones, so caches do not flatter it) in the loop, ``--runs`` appends a round: the
@@ -424,18 +434,84 @@ def _wal_cadence(rel: Any, fd: int, encoder: Any, batches: list[pa.Table], block
     return {name: (wall[name] / n / 1e6, cpu[name] / n / 1e6) for name in sides}
 
 
+def _read_child(store: str, relation: str, cell: str | None) -> None:
+    """One fresh process's reads (see ``reads``), as one JSON line on stdout."""
+    import resource
+
+    from lamina import Store
+
+    if cell is not None:  # a writer's life first: the cell's stream appended, then dropped
+        from bench.peers_contenders import CELLS
+        from bench.peers_stream import KEY, SCHEMA, appends
+
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp, \
+                Store.open(Path(tmp) / "data", fsync="never") as scratch:
+            rel = scratch.create_relation("r", SCHEMA, key=KEY)
+            for i, table in enumerate(appends(CELLS[cell])):
+                rel.append(table)
+                rel.seal(i + 1)
+    with Store.open(store, fsync="never") as opened:
+        rel = opened.relation(relation)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.perf_counter()
+        rows = rel.snapshot().num_rows
+        first = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.perf_counter()
+        rel.snapshot()
+        second = time.perf_counter() - started
+    print(json.dumps({"rows": rows, "first": first, "second": second,
+                      "first_system": after.ru_stime - before.ru_stime,
+                      "first_faults": after.ru_minflt - before.ru_minflt,
+                      "max_rss_mib": after.ru_maxrss / 1024}))
+
+
+def reads(store: str, relation: str, cell: str | None, runs: int) -> None:
+    """Fresh processes reading ``store``'s latest snapshot twice, each after a writer's
+    life of ``cell``'s stream if given: the first call's wall, system CPU and page faults,
+    the second call's wall, peak RSS; per run, then medians."""
+    import statistics
+
+    out = []
+    for i in range(runs):
+        cmd = [sys.executable, "-m", "bench.profile", "_read_child", "--store", store,
+               "--relation", relation] + (["--cell", cell] if cell else [])
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        out.append(r)
+        print(f"  run {i + 1}: {r['rows']:,} rows; first {r['first']:.3f} s (system "
+              f"{r['first_system']:.3f} s, {r['first_faults']:,} faults), second "
+              f"{r['second']:.3f} s, peak RSS {r['max_rss_mib']:.0f} MiB")
+    print(f"median: first {statistics.median(r['first'] for r in out):.3f} s (system "
+          f"{statistics.median(r['first_system'] for r in out):.3f} s), second "
+          f"{statistics.median(r['second'] for r in out):.3f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile",
                                      description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "wal", "timeline", "pertask"))
+    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "wal", "timeline", "pertask",
+                                         "reads", "_read_child"))
     parser.add_argument("--step", choices=("convert", "merge"), default="convert")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--conf", action="append", default=[], metavar="K=V",
                         help="pertask: a Spark configuration override (repeatable)")
+    parser.add_argument("--store", help="reads: a data directory")
+    parser.add_argument("--relation", default="peers", help="reads: the relation to read")
+    parser.add_argument("--cell", help="reads: append this bench.peers cell's stream first")
     args = parser.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
+    if args.mode in ("reads", "_read_child") and not args.store:
+        parser.error(f"{args.mode} needs --store")
+    if args.mode == "reads":
+        reads(args.store, args.relation, args.cell, max(args.runs, 1))
+        return 0
+    if args.mode == "_read_child":
+        _read_child(args.store, args.relation, args.cell)
+        return 0
     if args.mode == "tasks":
         tasks(args.step, args.scale, args.top)
     elif args.mode == "jvm":

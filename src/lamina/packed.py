@@ -64,21 +64,31 @@ class _Digit:
     span: int
     radix: int
 
-    def encode(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """``(value - low) * radix`` as uint64 (exact: the offsets fit by construction, and
-        wrapping arithmetic modulo 2**64 gives them for any signed ``low``)."""
+    def add_to(self, values: np.ndarray[Any, Any], out: np.ndarray[Any, Any], *,
+               first: bool) -> None:
+        """Write (``first``) or add ``(value - low) * radix`` to the uint64 keys ``out``
+        (exact: the offsets fit by construction, and wrapping arithmetic modulo 2**64
+        gives them for any signed ``low``)."""
         if self.span == 1:
-            return np.zeros(len(values), dtype=np.uint64)
+            if first:
+                out[:] = 0
+            return
         if values.dtype == np.bool_:
             digits = values.astype(np.uint64)
         elif values.dtype.kind == "i":
             digits = values.astype(np.int64, copy=False).view(np.uint64)
         else:
             digits = values.astype(np.uint64, copy=False)
-        digits = digits - np.uint64(self.low % _WORD)
+        low = np.uint64(self.low % _WORD)
+        if first:
+            np.subtract(digits, low, out=out)
+            if self.radix != 1:
+                np.multiply(out, np.uint64(self.radix), out=out)
+            return
+        digits = digits - low
         if self.radix != 1:
             digits *= np.uint64(self.radix)
-        return digits
+        out += digits
 
     def decode(self, keys: np.ndarray[Any, Any]) -> pa.Array:
         """This column's values of packed ``keys``, as an Arrow array of its type."""
@@ -161,11 +171,17 @@ def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     largest = max(max(abs(int(d.min())), abs(int(d.max()))) for d in diffs)
     if largest * n > _INT64_MAX:
         return None
-    keys = [_keys(t, digits) for t in pieces]
+    every_key = np.empty(n, dtype=np.uint64)  # all pieces' keys, in the pieces' order
+    keys, at = [], 0
+    for t in pieces:
+        keys.append(every_key[at:at + t.num_rows])
+        at += t.num_rows
+        for i, digit in enumerate(digits):
+            digit.add_to(columns.numpy(t.column(digit.name)), keys[-1], first=i == 0)
     names = pieces[0].column_names
     if all(len(k) < 2 or bool(np.all(k[1:] >= k[:-1])) for k in keys[len(sorted_pieces):]) \
             and all(a[-1] <= b[0] for a, b in pairwise(keys)):
-        return _in_order(pieces, np.concatenate(keys), np.concatenate(diffs), digits)
+        return _in_order(pieces, every_key, np.concatenate(diffs), digits)
     ranges = max(1, min(workers, n // max(1, min_rows_per_worker)))
     bounds: list[int] = []
     if ranges > 1 and sorted_pieces:
@@ -174,33 +190,29 @@ def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
             b = int(keys[biggest][len(keys[biggest]) * j // ranges])
             if b > (bounds[-1] if bounds else 0):
                 bounds.append(b)
+    if not bounds:  # one range: every row, the keys as they are
+        return _merged(every_key, np.concatenate(diffs), digits, names)
     cuts = np.array(bounds, dtype=np.uint64)
     # per piece, the rows of each range: slices of a sorted run, a range id per row else
-    spans: list[list[int] | np.ndarray[Any, Any]] = [
+    where: list[list[int] | np.ndarray[Any, Any]] = [
         [0, *np.searchsorted(k, cuts, "left").tolist(), len(k)] if i < len(sorted_pieces)
         else np.searchsorted(cuts, k, "right") for i, k in enumerate(keys)]
 
     def merge(r: int) -> pa.Table:
         ks, ds = [], []
-        for k, d, where in zip(keys, diffs, spans, strict=True):
-            if isinstance(where, list):
-                ks.append(k[where[r]:where[r + 1]])
-                ds.append(d[where[r]:where[r + 1]])
-            elif len(cuts):
-                mask = where == r
+        for k, d, rows in zip(keys, diffs, where, strict=True):
+            if isinstance(rows, list):
+                ks.append(k[rows[r]:rows[r + 1]])
+                ds.append(d[rows[r]:rows[r + 1]])
+            else:
+                mask = rows == r
                 ks.append(k[mask])
                 ds.append(d[mask])
-            else:
-                ks.append(k)
-                ds.append(d)
         return _merged(np.concatenate(ks), np.concatenate(ds), digits, names)
 
-    if len(bounds) == 0:
-        return merge(0)
     with ThreadPoolExecutor(max_workers=len(bounds) + 1,
                             thread_name_prefix="packed") as pool:
-        tables = list(pool.map(merge, range(len(bounds) + 1)))
-    return pa.concat_tables(tables)
+        return pa.concat_tables(pool.map(merge, range(len(bounds) + 1)))
 
 
 def _in_order(pieces: Sequence[pa.Table], keys: np.ndarray[Any, Any],
@@ -219,14 +231,6 @@ def _in_order(pieces: Sequence[pa.Table], keys: np.ndarray[Any, Any],
                               type=pieces[0].schema.field(name).type) for name in names],
             names=names)
     return _summed(keys, diffs, starts_mask, digits, names)
-
-
-def _keys(table: pa.Table, digits: Sequence[_Digit]) -> np.ndarray[Any, Any]:
-    """The packed keys of ``table``'s rows."""
-    keys = digits[0].encode(columns.numpy(table.column(digits[0].name)))
-    for digit in digits[1:]:
-        keys += digit.encode(columns.numpy(table.column(digit.name)))
-    return keys
 
 
 def _merged(keys: np.ndarray[Any, Any], diffs: np.ndarray[Any, Any],
