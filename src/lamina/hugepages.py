@@ -8,8 +8,9 @@ whose memory is fragmented (one that has just streamed a few hundred MiB through
 heap and the page cache, as a coordinator has), every fault of a read's fresh
 temporaries then stalls: a snapshot's first call in such a process measured 0.90 s, 0.75
 s of it system time over 11,000 faults, against 0.40 s (0.18 s system) with numpy's
-huge pages off (docs/performance.md, "First reads and huge pages"). A read's temporaries
-live for milliseconds and are walked once, so huge pages buy them nothing.
+huge pages off (docs/performance.md, "Packed keys, and first reads without huge
+pages"). A read's temporaries live for milliseconds and are walked once, so huge pages
+buy them nothing.
 
 :func:`small_pages` turns numpy's hint off while a read consolidates, and restores it when
 the last read inside it ends. The switch is numpy's own, process-wide

@@ -24,6 +24,11 @@ every piece becomes:
 4. the output columns decoded from the surviving keys (``(key // radix(c)) % span(c) +
    low(c)``): the live rows are written once, and no input column is gathered by a take.
 
+Pieces already in key order one after the other (a trace of one batch, read part after
+part) skip the sort, and when no two of their rows are equal and no diff is zero they are
+the result as they are. With ``workers`` the key space is cut into ranges merged on
+threads (:func:`merge_packed`).
+
 Sums are exact or the merge declines: when the largest diff magnitude times the number of
 diffs could leave int64, :func:`merge_packed` returns None, as it does for any other input
 it does not cover (a float, string or temporal column, a null, spans too wide), and the
