@@ -219,9 +219,13 @@ class Daemon:
                              metrics=self.metrics)
 
     def _stop_spark(self) -> None:
-        """Stop the SparkSession; a JVM that is already gone (the stop signal reached the
-        whole process group) is not an error."""
+        """Stop the SparkSession, its local Python workers first (quietly:
+        :func:`lamina.compacter.spark.stop_python_workers`); a JVM that is already gone (the
+        stop signal reached the whole process group) is not an error."""
+        from lamina.compacter.spark import stop_python_workers
+
         try:
+            stop_python_workers(self._spark)
             self._spark.stop()
         except Exception as exc:  # py4j's ConnectionRefusedError, Py4JError, ...
             log.warning("spark.stop_failed", error=f"{type(exc).__name__}: {exc}")
