@@ -1,4 +1,5 @@
-"""lamina.compacter.spark: a local session's Python workers end quietly before its stop.
+"""lamina.compacter.spark: a local session's Python workers end quietly before its stop, and
+a JVM that dies first leaves an event in the log, not a traceback.
 
 Run in a child process with a session of its own (stopping the workers of the test run's
 shared session would take them from the other tests).
@@ -6,7 +7,10 @@ shared session would take them from the other tests).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -58,3 +62,40 @@ def test_the_worker_daemon_and_its_idle_workers_end_before_the_session_stops() -
     assert result["signalled"] == 1, result
     assert result["after"] == 0, result
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+DIES = textwrap.dedent("""
+    import os, signal, time
+
+    from lamina.compacter.spark import build_session
+
+    spark = build_session("local[2]")
+
+    def task(batches):
+        yield from batches
+
+    spark.range(0, 4, 1, 4).mapInArrow(task, "id long").collect()  # the JVM is connected
+    print(int(spark.sparkContext._jvm.ProcessHandle.current().pid()), flush=True)
+    time.sleep(30)  # the parent kills the JVM meanwhile, then this process
+""")
+
+
+def test_a_jvm_that_dies_first_leaves_an_event_not_a_traceback() -> None:
+    """The JVM killed under a live session (what a signal to the daemon's whole process
+    group does): PySpark's accumulator server loses its connection mid-read, which printed
+    socketserver's EOFError traceback; now it logs spark.accumulators_closed."""
+    child = subprocess.Popen([sys.executable, "-c", DIES], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        jvm = int(child.stdout.readline())
+        os.kill(jvm, signal.SIGKILL)
+        out, err = "", ""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            out, err = child.communicate(timeout=3)  # the server thread sees the end
+    finally:
+        child.kill()
+        more_out, more_err = child.communicate(timeout=30)
+    out, err = out + more_out, err + more_err
+    assert "spark.accumulators_closed" in out + err, (out + err)[-3000:]
+    assert "Traceback" not in out + err, (out + err)[-3000:]

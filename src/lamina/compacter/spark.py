@@ -50,9 +50,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import structlog
+
 from lamina.errors import JobCancelledError
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 DEFAULT_APP_NAME = "lamina-compacter"
 DEFAULT_DRIVER_MEMORY = "2g"
@@ -120,7 +123,32 @@ def build_session(master: str, *, app_name: str = DEFAULT_APP_NAME,
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
+    _log_accumulator_errors(session)
     return session
+
+
+def _log_accumulator_errors(session: Any) -> None:
+    """Errors of PySpark's accumulator server as events of the log, not tracebacks.
+
+    The accumulator server is a thread of this process that the JVM keeps a connection
+    to. When the JVM dies first (a SIGTERM to the daemon's whole process group, systemd's
+    ``KillMode=control-group``), that connection ends in the middle of a read and
+    ``socketserver`` printed the ``EOFError``'s traceback on stderr, which is the
+    compacter's log: in two of two such stops of an idle daemon. Its ``handle_error``
+    (``socketserver``'s hook for this) now logs ``spark.accumulators_closed`` for that end
+    and ``spark.accumulators_failed`` with the error for any other."""
+    server = getattr(session.sparkContext, "_accumulatorServer", None)
+    if server is None:
+        return
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, EOFError):
+            log.info("spark.accumulators_closed")
+        else:
+            log.warning("spark.accumulators_failed", error=f"{type(exc).__name__}: {exc}")
+
+    server.handle_error = handle_error
 
 
 def _children(pid: int) -> list[int]:
