@@ -49,6 +49,11 @@ EVENTS: tuple[Event, ...] = (
           "running: they are cancelled"),
     Event("spark.stop_failed", "warning", _D, "stopping Spark failed because its JVM was "
           "already gone (the signal reached the whole process group); the exit is clean"),
+    Event("spark.accumulators_closed", "info", "compacter.spark", "the JVM's connection to "
+          "PySpark's accumulator server ended mid-read: the JVM died first (a signal to the "
+          "whole process group); nothing is lost"),
+    Event("spark.accumulators_failed", "warning", "compacter.spark", "any other error of "
+          "PySpark's accumulator server (`error`)"),
     Event("relation.recovered", "info", _P, "a relation's trace was loaded and checked"),
     Event("relation.metadata_unreadable", "error", _D, "a relation's `relation.json` does "
           "not parse: it is not served (restore the file)"),
