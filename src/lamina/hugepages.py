@@ -17,6 +17,11 @@ the last read inside it ends. The switch is numpy's own, process-wide
 (``_set_madvise_hugepage``, which ``NUMPY_MADVISE_HUGEPAGE`` sets at import): arrays
 another thread allocates meanwhile also go without the hint, which changes their speed,
 never their contents. Where this numpy has no such switch, nothing changes.
+
+The switch governs only what numpy advises now. Advice belongs to the pages: an array
+that malloc places in heap memory an earlier, advised array left free is backed by
+huge pages all the same (tests/test_hugepages.py checks in fresh interpreters for that
+reason).
 """
 
 from __future__ import annotations
