@@ -148,3 +148,25 @@ def test_parts_in_key_order_come_back_without_a_copy() -> None:
     assert out is not None
     assert out.equals(consolidate(pa.concat_tables(repeated), ["k", "v"], ["k", "v"]))
     assert out.column(DIFF).to_pylist()[399] == 2
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_runs_that_repeat_their_rows_are_summed_first_and_the_result_is_the_same(
+        workers: int) -> None:
+    """Sorted runs holding each row several times (a trace part keeps a row once per time
+    it changed; a read drops the times), one of them repeating only in its first half so
+    that the sampled decision sees a mix, with a tail: equal to consolidate() on one and
+    two key ranges, with sums reaching zero."""
+    rng = np.random.default_rng(7)
+    rows = 200_000
+    ids = rng.integers(0, 60_000, rows)
+    table = pa.table({"id": ids, "qty": ids % 3, DIFF: rng.choice([-1, 1], rows)})
+    heavy = sort(pa.concat_tables([table.slice(0, 80_000)] * 3), ["id", "qty"])
+    mixed = sort(pa.concat_tables([table.slice(80_000, 40_000)] * 4 +
+                                  [table.slice(120_000, 60_000)]), ["id", "qty"])
+    tail = table.slice(180_000)
+    everything = pa.concat_tables([heavy, mixed, tail])
+    out = merge_packed([heavy, mixed], [tail], ["id", "qty"], ["id", "qty"],
+                       workers=workers, min_rows_per_worker=1)
+    assert out is not None
+    assert out.equals(consolidate(everything, ["id", "qty"], ["id", "qty"]))
