@@ -25,7 +25,7 @@ every piece becomes:
    low(c)``): the live rows are written once, and no input column is gathered by a take.
 
 A sorted piece that holds many rows more than once (a trace part keeps a row once per
-time it changed) is summed over its runs of equal keys before step 1, so the sort and its
+time it changed) is summed over its runs of equal keys before step 2, so the sort and its
 gathers see each of its rows once (:func:`_sum_sorted`). Pieces already in key order one
 after the other (a trace of one batch, read part after part) skip the sort, and when no
 two of their rows are equal and no diff is zero they are the result as they are. With
