@@ -4,13 +4,17 @@ that override the ``os_*`` primitives (the sanctioned seam; nothing is patched).
 from __future__ import annotations
 
 import errno
+import json
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from lamina.errors import StorageError
-from lamina.fs import FileSystem
+from lamina.fs import FileSystem, crc32c, crc32c_raw
 
 
 class RecordingFS(FileSystem):
@@ -246,3 +250,53 @@ def test_read_bytes_errors(tmp_path: Path) -> None:
         fs.read_bytes(tmp_path / "absent")
     with pytest.raises(StorageError):
         fs.read_bytes(tmp_path)  # a directory
+
+
+def test_crc32c_is_the_crc32c_package_s() -> None:
+    """The extension loaded without the package's __init__ computes what the package's
+    own function does, continuing from any value."""
+    import crc32c as package
+
+    data = os.urandom(100_003)
+    for value in (0, 1, 0xFFFFFFFF, package.crc32c(b"lamina")):
+        for piece in (b"", b"a", data[:7], data):
+            assert crc32c(piece, value) == crc32c_raw(piece, value) == \
+                package.crc32c(piece, value)
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+
+
+def test_a_cold_read_leaves_crc32c_s_init_and_the_subscription_unloaded(
+        tmp_path: Path) -> None:
+    """A fresh interpreter that opens a store and reads a snapshot (whose parts and WAL
+    records are checksummed) loads neither the crc32c package's __init__ (importlib.metadata
+    and argparse behind it) nor the subscription's modules; ``lamina.Progress`` still
+    resolves, on first use."""
+    import numpy as np
+    import pyarrow as pa
+
+    from lamina import Store
+
+    root = tmp_path / "data"
+    with Store.open(root) as store:
+        rel = store.create_relation("t", pa.schema([("id", pa.int64())]), key=["id"])
+        rel.append(pa.table({"id": pa.array(np.arange(10)),
+                             "_time": pa.array(np.zeros(10, dtype=np.uint64)),
+                             "_diff": pa.array(np.ones(10, dtype=np.int64))}))
+        rel.seal(1)
+    child = textwrap.dedent(f"""
+        import json, sys
+        startup = set(sys.modules)
+        from lamina import Store
+        with Store.open({str(root)!r}, read_only=True) as store:
+            rows = store.relation("t").snapshot().num_rows
+        loaded = set(sys.modules) - startup
+        watched = ["crc32c", "importlib.metadata", "argparse", "lamina.read.subscribe"]
+        before = [m for m in watched if m in loaded]
+        import lamina
+        print(json.dumps({{"rows": rows, "loaded": before,
+                          "progress": lamina.Progress.__name__}}))
+        """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert json.loads(out.stdout) == {"rows": 10, "loaded": [], "progress": "Progress"}, \
+        out.stderr

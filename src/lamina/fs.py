@@ -27,13 +27,14 @@ a normal outcome (readers racing a deleter); every other ``OSError`` becomes a
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import crc32c as _crc32c
 
 from lamina import failpoints
 from lamina.errors import StorageError
@@ -42,6 +43,37 @@ TMP_SUFFIX = ".tmp"
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 """The most buffers one ``writev`` takes."""
 
+
+def _crc32c_extension() -> ModuleType:
+    """The ``crc32c`` package's C extension (``crc32c._crc32c``: ``crc32c()`` and
+    ``hardware_based``), loaded without running the package's ``__init__``.
+
+    That ``__init__`` asks ``importlib.metadata`` for the package's version and imports
+    its command line (``argparse``); with ``email``, ``zipfile`` and ``csv`` behind them
+    that was about 15 ms of a quiet machine's cold read (a fresh process that imports
+    lamina and reads a snapshot, ``bench.cold_read``), 35 to 42 ms on a busy one, against
+    4 to 5 ms for the extension alone (fresh interpreters, 2026-11-28). Where the package
+    is laid out otherwise, it is imported as it is."""
+    spec = importlib.util.find_spec("crc32c")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(location, f"_crc32c{suffix}")
+            if not os.path.exists(path):
+                continue
+            found = importlib.util.spec_from_file_location("crc32c._crc32c", path)
+            if found is not None and found.loader is not None:
+                module = importlib.util.module_from_spec(found)
+                found.loader.exec_module(module)
+                return module
+    import crc32c  # pragma: no cover - another layout of the package
+
+    return crc32c  # pragma: no cover
+
+
+_crc32c = _crc32c_extension()
+crc32c_raw = _crc32c.crc32c
+"""The extension's ``crc32c(data, value=0) -> int``, for callers that checksum many small
+pieces and cannot afford :func:`crc32c`'s extra call."""
 
 if not _crc32c.hardware_based:  # pragma: no cover - depends on the CPU
     import warnings

@@ -42,18 +42,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import crc32c as _crc32c
 import pyarrow as pa
 
 from lamina.errors import CorruptionError
 from lamina.frontier import CLOSED
-from lamina.fs import crc32c
+from lamina.fs import crc32c, crc32c_raw
 
 HEADER = struct.Struct("<IBI")
 HEADER_SIZE = HEADER.size
 MAX_PAYLOAD = 1 << 30
 _FRONTIER = struct.Struct("<QB")
-_crc = _crc32c.crc32c  # over the many small pieces of a record, without a wrapper's call
+_crc = crc32c_raw  # over the many small pieces of a record, without a wrapper's call
 _TYPE_BYTE = re.compile(rb"[\x01-\x03]")  # the RecordType values, for find_valid_frame
 
 
