@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ from lamina.layout import TraceLayout
 from lamina.objstore.local import LocalObjectStore
 from lamina.testing.faults import CountingFileSystem
 from lamina.trace.batch import (
+    ROW_GROUP_ROWS,
     BatchDesc,
     PartFile,
     new_id,
@@ -137,3 +140,30 @@ def test_ids_are_fresh() -> None:
     ids = {new_id("b") for _ in range(1000)}
     assert len(ids) == 1000
     assert all(i.startswith("b") and len(i) == 17 for i in ids)
+
+
+def test_dictionaries_only_for_columns_whose_first_rows_repeat(tmp_path: Path) -> None:
+    """A string column of distinct values (a UUID-like key) is written plain, one that
+    repeats (a status) with a dictionary, as the first row group's worth of rows says;
+    integers stay delta-encoded; the rows read back as written, and a part of no rows is
+    still one valid file."""
+    n = 3 * ROW_GROUP_ROWS
+    schema = pa.schema([("key", pa.string()), ("status", pa.string()),
+                        ("n", pa.int64()), ("_time", pa.uint64()), ("_diff", pa.int64())])
+    table = pa.table({"key": [f"{i:032x}" for i in range(n)],
+                      "status": [("open", "shut", "gone")[i % 3] for i in range(n)],
+                      "n": np.arange(n), "_time": np.zeros(n, dtype=np.uint64),
+                      "_diff": np.ones(n, dtype=np.int64)}, schema=schema)
+    store = LocalObjectStore(tmp_path)
+    part = write_part(store, TraceLayout.batch_part("b1", 0), schema,
+                      [table.slice(0, 0), table.slice(0, 100), table.slice(100)])
+    assert read_part(store, part).equals(table)
+    meta = pq.ParquetFile(tmp_path / part.path).metadata
+    encodings = {meta.schema.column(i).name: set(meta.row_group(0).column(i).encodings)
+                 for i in range(meta.num_columns)}
+    assert not encodings["key"] & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, encodings
+    assert encodings["status"] & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, encodings
+    assert "DELTA_BINARY_PACKED" in encodings["n"], encodings
+    empty = write_part(store, TraceLayout.batch_part("b1", 1), schema, [table.slice(0, 0)])
+    assert empty.rows == 0
+    assert read_part(store, empty).num_rows == 0

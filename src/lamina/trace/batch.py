@@ -24,12 +24,14 @@ description and checked on every read.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lamina.errors import CorruptionError
@@ -104,29 +106,54 @@ class BatchDesc:
         return desc
 
 
-def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+DICTIONARY_MAX_DISTINCT = 0.5
+"""A column that is not delta-encoded gets a dictionary when a row group's worth of its
+first rows holds at most this share of distinct values (:func:`parquet_options`)."""
+
+
+def parquet_options(schema: pa.Schema, sample: pa.Table | pa.RecordBatch | None = None
+                    ) -> dict[str, Any]:
     """How parts are encoded: zstd level 1; integer, date and timestamp columns (stored as
-    Parquet INT32/INT64) with DELTA_BINARY_PACKED and no dictionary, the others with a
-    dictionary. Rows are sorted by key and then time, so the deltas are small: the 10M-update
-    conversion of bench/convert.py writes 25.7 MB where the dictionary default wrote
-    41.8 MB (docs/performance.md)."""
+    Parquet INT32/INT64) with DELTA_BINARY_PACKED and no dictionary. Rows are sorted by key
+    and then time, so the deltas are small: the 10M-update conversion of bench/convert.py
+    writes 25.7 MB where the dictionary default wrote 41.8 MB (docs/performance.md).
+
+    The other columns (strings, binary, floats, ...) get a dictionary where it pays: when
+    the first ``ROW_GROUP_ROWS`` rows of ``sample`` (the part's first rows) hold at most
+    ``DICTIONARY_MAX_DISTINCT`` distinct values per row. A dictionary is built per row
+    group, so a column of mostly distinct values gains nothing from it and pays for
+    hashing every value: for the benchmarks' ``item`` column (one 12-character string per
+    key) the merge's output was 44% smaller and encoded 21% faster plain
+    (docs/performance.md, "Dictionaries only where values repeat"). Arrow's writer has no
+    such check of its own; parquet-mr falls back to plain when a dictionary does not
+    shrink the column. Without a sample every such column gets a dictionary."""
     delta = [f.name for f in schema if pa.types.is_integer(f.type)
              or pa.types.is_date32(f.type) or pa.types.is_timestamp(f.type)]
+    dictionary = [f.name for f in schema if f.name not in delta]
+    if sample is not None and sample.num_rows:
+        head = sample.slice(0, ROW_GROUP_ROWS)
+        dictionary = [name for name in dictionary if name in head.column_names and
+                      pc.count_distinct(head.column(name), mode="all").as_py()
+                      <= DICTIONARY_MAX_DISTINCT * head.num_rows]
     return {"compression": PARQUET_COMPRESSION,
             "compression_level": PARQUET_COMPRESSION_LEVEL,
-            "use_dictionary": [f.name for f in schema if f.name not in delta],
+            "use_dictionary": dictionary,
             "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
             "write_statistics": True, "write_page_checksum": True}
 
 
 def write_part(store: ObjectStore, key: str, schema: pa.Schema,
                tables: Iterable[pa.Table | pa.RecordBatch]) -> PartFile:
-    """Write ``tables`` (already ordered) as one Parquet object, durably; return its entry."""
+    """Write ``tables`` (already ordered) as one Parquet object, durably; return its entry.
+    Which columns get a dictionary is decided from the first rows
+    (:func:`parquet_options`)."""
     rows = 0
+    pending = iter(tables)
+    first = next((t for t in pending if t.num_rows), None)
     with store.writer(key) as out:
-        writer = pq.ParquetWriter(out, schema, **parquet_options(schema))
+        writer = pq.ParquetWriter(out, schema, **parquet_options(schema, first))
         try:
-            for t in tables:
+            for t in itertools.chain([first] if first is not None else [], pending):
                 if t.num_rows:
                     writer.write(t if t.schema.equals(schema) else t.cast(schema),
                                  row_group_size=ROW_GROUP_ROWS)
