@@ -49,11 +49,12 @@ def _crc32c_extension() -> ModuleType:
     ``hardware_based``), loaded without running the package's ``__init__``.
 
     That ``__init__`` asks ``importlib.metadata`` for the package's version and imports
-    its command line (``argparse``); with ``email``, ``zipfile`` and ``csv`` behind them
-    that was about 15 ms of a quiet machine's cold read (a fresh process that imports
-    lamina and reads a snapshot, ``bench.cold_read``), 35 to 42 ms on a busy one, against
-    4 to 5 ms for the extension alone (fresh interpreters, 2026-11-28). Where the package
-    is laid out otherwise, it is imported as it is."""
+    its command line (``argparse``), with ``email``, ``zipfile`` and ``csv`` behind them:
+    35 to 42 ms in fresh interpreters on a busy machine, against 4 to 5 ms for the
+    extension alone (2026-11-28). With the subscription's modules left out as well
+    (``lamina/__init__.py``), ``from lamina import Store`` went from 204 to 182 ms, which a
+    cold read (``bench.cold_read``) pays first. Where the package is laid out otherwise, it
+    is imported as it is."""
     spec = importlib.util.find_spec("crc32c")
     for location in (spec.submodule_search_locations or []) if spec else []:
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
