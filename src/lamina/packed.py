@@ -228,6 +228,15 @@ def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
         return pa.concat_tables(pool.map(merge, range(len(bounds) + 1)))
 
 
+def _run_starts(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """For sorted ``keys``, True where a run of equal keys starts."""
+    starts_mask = np.empty(len(keys), dtype=np.bool_)
+    if len(keys):
+        starts_mask[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=starts_mask[1:])
+    return starts_mask
+
+
 _SUM_FIRST_BELOW = 0.75
 """A sorted run whose distinct keys are fewer than this share of its rows is summed
 before the sort (:func:`_sum_sorted`)."""
@@ -248,10 +257,7 @@ def _sum_sorted(keys: np.ndarray[Any, Any],
     probe = np.arange(0, len(keys) - 1, max(1, (len(keys) - 1) // 4096))
     if np.count_nonzero(keys[probe] != keys[probe + 1]) >= _SUM_FIRST_BELOW * len(probe):
         return keys, diffs
-    starts_mask = np.empty(len(keys), dtype=np.bool_)
-    starts_mask[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=starts_mask[1:])
-    starts = np.flatnonzero(starts_mask)
+    starts = np.flatnonzero(_run_starts(keys))
     return keys[starts], np.add.reduceat(diffs, starts)
 
 
@@ -262,9 +268,7 @@ def _in_order(pieces: Sequence[pa.Table], keys: np.ndarray[Any, Any],
     sort; when no two rows are equal and no diff is zero, the pieces' own columns are the
     result, and nothing is copied."""
     names = pieces[0].column_names
-    starts_mask = np.empty(len(keys), dtype=np.bool_)
-    starts_mask[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=starts_mask[1:])
+    starts_mask = _run_starts(keys)
     if bool(starts_mask.all()) and bool(np.all(diffs != 0)):
         return pa.Table.from_arrays(  # fields as consolidate() makes them
             [pa.chunked_array([c for t in pieces for c in t.column(name).chunks],
@@ -281,11 +285,7 @@ def _merged(keys: np.ndarray[Any, Any], diffs: np.ndarray[Any, Any],
     keys = keys[order]
     diffs = diffs[order]
     del order
-    starts_mask = np.empty(len(keys), dtype=np.bool_)
-    if len(keys):
-        starts_mask[0] = True
-        np.not_equal(keys[1:], keys[:-1], out=starts_mask[1:])
-    return _summed(keys, diffs, starts_mask, digits, names)
+    return _summed(keys, diffs, _run_starts(keys), digits, names)
 
 
 def _summed(keys: np.ndarray[Any, Any], diffs: np.ndarray[Any, Any],

@@ -122,9 +122,9 @@ def parquet_options(schema: pa.Schema, sample: pa.Table | pa.RecordBatch | None 
     the first ``ROW_GROUP_ROWS`` rows of ``sample`` (the part's first rows) hold at most
     ``DICTIONARY_MAX_DISTINCT`` distinct values per row. A dictionary is built per row
     group, so a column of mostly distinct values gains nothing from it and pays for
-    hashing every value: for the benchmarks' ``item`` column (one 12-character string per
-    key) the merge's output was 44% smaller and encoded 21% faster plain
-    (docs/performance.md, "Dictionaries only where values repeat"). Arrow's writer has no
+    hashing every value: for a sorted UUID string key, 1M rows encoded with 25% less CPU,
+    14% smaller, and read back with 21% less CPU plain (docs/performance.md,
+    "Dictionaries only where values repeat"). Arrow's writer has no
     such check of its own; parquet-mr falls back to plain when a dictionary does not
     shrink the column. Without a sample every such column gets a dictionary."""
     delta = [f.name for f in schema if pa.types.is_integer(f.type)
