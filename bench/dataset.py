@@ -63,7 +63,10 @@ RETRACTIONS = 0.2
 FUTURE = 0.05
 MERGE_UPDATES = 5_000_000
 MERGE_SINCE = 1000
-FORMAT = 2
+FORMAT = 3
+"""Of the cached inputs; bumped when what they hold changes, also when the merge input's
+parts would be encoded differently (lamina.trace.batch.parquet_options), so that the
+merge reads parents as the daemon now writes them. 3: plain item strings."""
 
 
 @dataclass(frozen=True)

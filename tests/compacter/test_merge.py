@@ -16,18 +16,26 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina.compacter.executors import reference
-from lamina.compacter.step.driver import StepOutput, merge_spec, run_step
-from lamina.compacter.step.merge import GroupIndex, GroupRange, cut_values, sampled_ranges
+from lamina.compacter.step.driver import StepOutput, _context, merge_spec, run_step
+from lamina.compacter.step.merge import (
+    GroupIndex,
+    GroupRange,
+    cut_values,
+    forwarded_run,
+    sampled_ranges,
+)
 from lamina.compacter.step.work import JobTuning
-from lamina.consolidate import INT64_MIN
+from lamina.consolidate import INT64_MIN, consolidate_updates, forward
 from lamina.errors import CorruptionError
-from lamina.trace.batch import ROW_GROUP_ROWS, OpenPart, write_part
+from lamina.trace.batch import ROW_GROUP_ROWS, OpenPart, read_part, write_part
 from lamina.trace.order import order_prefix
 from lamina.trace.plan import plan_conversion, plan_merge
 from lamina.trace.trace import Trace
@@ -131,16 +139,17 @@ def _two_batches(tmp_path: Path, schema: pa.Schema, key: list[str],
                  rows: Any, *, since: int = 0) -> tuple[Workload, Trace]:
     """Two batches of one level, converted by the reference executor from ``rows(t)``
     appended over three sealed intervals each (what reached finished segments);
-    ``since`` allowed before the second conversion."""
+    ``since`` allowed before the second conversion (before the last seal, so that the
+    SINCE record is in a segment it converts and the merge forwards)."""
     w = open_workload(tmp_path / "d", schema, key, segment_bytes=64 << 10)
     trace = w.trace()
     for half in range(2):
         for step in range(3):
             t = (half * 3 + step) * 10
             w.rel.append(rows(t))
+            if half and step == 2 and since:  # in a segment the conversion reads
+                w.rel.allow_compaction(since)
             w.rel.seal(t + 10)
-        if half and since:
-            w.rel.allow_compaction(since)
         plan = plan_conversion(trace.state, spans(trace, w.wal_dir))
         trace.commit_conversion(plan, *reference.run_conversion(trace, plan))
     return w, trace
@@ -229,6 +238,63 @@ def test_null_keys_and_timestamp_keys_merge_in_one_job(spark: Any, tmp_path: Pat
         })
     w, trace = _two_batches(tmp_path, schema, ["k", "at"], rows, since=20)
     assert _merge(spark, w, trace).spark_jobs == 1
+
+
+BENCH_LIKE = pa.schema([("id", pa.int64()), ("item", pa.string()), ("qty", pa.int64())])
+
+
+def _repeating_rows(rng: random.Random, keys: int, n: int = 4000) -> Any:
+    """Rows as bench.merge has them (item and qty functions of id), many updates each."""
+    def rows(t: int) -> pa.Table:
+        ids = [rng.randrange(keys) for _ in range(n)]
+        return pa.table({
+            "id": pa.array(ids, pa.int64()), "item": pa.array([f"item-{i % 7}" for i in ids]),
+            "qty": pa.array([i * 3 for i in ids], pa.int64()),
+            "_time": pa.array([t + rng.randrange(10) for _ in range(n)], pa.uint64()),
+            "_diff": pa.array([rng.choice([1, 1, -1, 2]) for _ in range(n)], pa.int64()),
+        })
+    return rows
+
+
+def test_a_forwarded_run_is_summed_first_only_where_rows_repeat(tmp_path: Path) -> None:
+    """The left batch below ``since``: its runs come back forwarded and consolidated (what
+    the reference makes of them, with the inputs' fields), a fraction of their rows; a run
+    of times at or above ``since`` comes back as it is; one whose forwarded rows stay
+    mostly distinct comes back forwarded but not summed."""
+    _, trace = _two_batches(tmp_path, BENCH_LIKE, ["id"], _repeating_rows(random.Random(8), 300),
+                            since=30)
+    plan = merge_plan_ok(plan_merge(trace.state))
+    ctx = _context(trace, merge_spec(trace, plan), share=1 << 20, n_write=1, tuning=TUNING,
+                   stage_segments=False)
+    left, right = (pa.concat_tables([read_part(trace.store, p) for p in b.parts])
+                   for b in (plan.left, plan.right))
+    left, right = (t.append_column(ctx.prefix, order_prefix(t.column("id")))
+                   for t in (left, right))
+    assert plan.since == 30
+    assert pc.max(left.column("_time")).as_py() < 30 <= pc.min(right.column("_time")).as_py()
+    summed = forwarded_run(left, ctx)
+    assert summed.schema.equals(left.schema)
+    assert summed.num_rows < left.num_rows // 4
+    want = consolidate_updates(forward(left, 30).drop_columns([ctx.prefix]), ["id", "item",
+                               "qty"], ["id", "item", "qty"], context="test")
+    assert_same_tables(summed.drop_columns([ctx.prefix]).cast(want.schema), want, "summed run")
+    assert forwarded_run(right, ctx) is right
+    ids = left.column("id").to_numpy()  # one row per id: forwarding makes no two equal
+    distinct = left.take(np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]))
+    unsummed = forwarded_run(distinct, ctx)
+    assert unsummed.num_rows == distinct.num_rows
+    assert set(unsummed.column("_time").to_pylist()) == {30}
+
+
+@pytest.mark.spark
+def test_a_merge_whose_left_batch_is_all_history_sums_it_first(
+        spark: Any, tmp_path: Path) -> None:
+    """bench.merge's shape: every time of the left batch below ``since``, a few hundred
+    rows updated many times; cancelling updates drop out; the same batch as the
+    reference's."""
+    w, trace = _two_batches(tmp_path, BENCH_LIKE, ["id"], _repeating_rows(random.Random(9), 300),
+                            since=30)
+    _merge(spark, w, trace)
 
 
 @pytest.mark.spark

@@ -143,15 +143,17 @@ def test_ids_are_fresh() -> None:
 
 
 def test_dictionaries_only_for_columns_whose_first_rows_repeat(tmp_path: Path) -> None:
-    """A string column of distinct values (a UUID-like key) is written plain, one that
-    repeats (a status) with a dictionary, as the first row group's worth of rows says;
+    """A string column of distinct values (a UUID-like key) is written plain, and so is one
+    whose values come in runs (a function of the key); one whose few values recur apart
+    (a status) gets a dictionary, as the first row group's worth of rows says;
     integers stay delta-encoded; the rows read back as written, and a part of no rows is
     still one valid file."""
     n = 3 * ROW_GROUP_ROWS
-    schema = pa.schema([("key", pa.string()), ("status", pa.string()),
+    schema = pa.schema([("key", pa.string()), ("status", pa.string()), ("item", pa.string()),
                         ("n", pa.int64()), ("_time", pa.uint64()), ("_diff", pa.int64())])
     table = pa.table({"key": [f"{i:032x}" for i in range(n)],
                       "status": [("open", "shut", "gone")[i % 3] for i in range(n)],
+                      "item": [f"item-{i // 10:07d}" for i in range(n)],
                       "n": np.arange(n), "_time": np.zeros(n, dtype=np.uint64),
                       "_diff": np.ones(n, dtype=np.int64)}, schema=schema)
     store = LocalObjectStore(tmp_path)
@@ -163,6 +165,7 @@ def test_dictionaries_only_for_columns_whose_first_rows_repeat(tmp_path: Path) -
                  for i in range(meta.num_columns)}
     assert not encodings["key"] & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, encodings
     assert encodings["status"] & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, encodings
+    assert not encodings["item"] & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, encodings
     assert "DELTA_BINARY_PACKED" in encodings["n"], encodings
     empty = write_part(store, TraceLayout.batch_part("b1", 1), schema, [table.slice(0, 0)])
     assert empty.rows == 0

@@ -58,10 +58,11 @@ from lamina.compacter.step.context import StepContext
 from lamina.compacter.step.failures import guarded
 from lamina.compacter.step.wire import META_FIELDS, Written, batch_of, task_ids
 from lamina.compacter.step.write import consolidated_rows, write_nonempty
-from lamina.consolidate import INT64_MAX, INT64_MIN, forward
+from lamina.consolidate import INT64_MAX, INT64_MIN, forward, sum_adjacent
 from lamina.errors import CorruptionError
 from lamina.layout import TraceLayout
 from lamina.objstore.base import ObjectStore
+from lamina.schema import TIME
 from lamina.trace.batch import OpenPart, PartFile
 from lamina.trace.order import order_prefix
 
@@ -288,6 +289,39 @@ def _chunk_rows(inputs: _Inputs, ctx: StepContext, lower: int | None, upper: int
             yield rows.append_column(ctx.prefix, prefix).slice(start, end - start)
 
 
+SUM_FIRST_BELOW = 0.75
+"""A run whose forwarded times leave fewer than this share of its rows distinct (judged from
+sampled neighbours) is summed before the chunk's sort (:func:`forwarded_run`)."""
+
+_PROBES = 4096
+
+
+def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
+    """One input's rows of a chunk (sorted, consolidated) with times below ``since``
+    forwarded to it, which keeps them sorted. Forwarding is what makes rows of a batch
+    equal: every update of a row older than the frontier gets the same time. Where that
+    leaves fewer than ``SUM_FIRST_BELOW`` of the run's rows distinct (judged from
+    ``_PROBES`` neighbour pairs of equal prefix and time), the run is summed here, one
+    comparison pass, so that the chunk's sort, gather and consolidation see each such row
+    once: in ``bench.merge`` the left parent, 5M updates of 1M rows all below the frontier,
+    comes to a fifth of its rows (docs/performance.md, "Summing forwarded runs first")."""
+    since = ctx.since
+    times = run.column(TIME)
+    if since == 0 or run.num_rows < 2 or pc.min(times).as_py() >= since:
+        return run  # nothing forwarded: a consolidated run holds no two equal rows
+    schema = run.schema  # the inputs' fields, which concatenating the pieces needs
+    run = forward(run, since)
+    n = run.num_rows
+    prefix = run.column(ctx.prefix).to_numpy()
+    forwarded = run.column(TIME).to_numpy()
+    probe = np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
+    equal = (prefix[probe] == prefix[probe + 1]) & (forwarded[probe] == forwarded[probe + 1])
+    if np.count_nonzero(equal) > (1 - SUM_FIRST_BELOW) * len(probe):
+        # None for float rows or sums that could leave int64: the chunk's consolidation
+        run = sum_adjacent(run, [*ctx.row_columns, TIME]) or run
+    return pa.Table.from_arrays(run.columns, schema=schema)
+
+
 def merged_chunks(item: MergeItem, inputs: _Inputs, ctx: StepContext, tally: list[int]
                   ) -> Iterator[pa.Table]:
     """The item's chunks merged, forwarded and consolidated, in order; adds the input rows
@@ -296,9 +330,8 @@ def merged_chunks(item: MergeItem, inputs: _Inputs, ctx: StepContext, tally: lis
         pieces = list(_chunk_rows(inputs, ctx, item.bounds[j], item.bounds[j + 1]))
         if not pieces:
             continue
-        rows = pa.concat_tables(pieces)
-        tally[0] += rows.num_rows
-        rows = forward(rows, ctx.since)
+        tally[0] += sum(p.num_rows for p in pieces)
+        rows = pa.concat_tables([forwarded_run(p, ctx) for p in pieces])
         # the runs are sorted: Arrow's multi-key sort of them beats ordering by prefix
         # first (lamina.trace.order.sort_rows), which copies every row once more
         yield consolidated_rows(rows.take(pc.sort_indices(rows, sort_keys=ctx.sort_keys)),
