@@ -61,12 +61,14 @@ def order_prefix(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     t = column.type
-    nulls = pc.is_null(column)
+    nulls: pa.Array | None = None  # where INT64_MIN goes: the column's nulls
     if pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t) \
             or pa.types.is_boolean(t):
         if pa.types.is_date(t) or pa.types.is_timestamp(t):
             column = column.view(pa.int32() if t == pa.date32() else pa.int64())
         values = pc.cast(column, pa.int64())
+        if not column.null_count:
+            return values  # for an int64 column its own buffer: no copy
     elif pa.types.is_floating(t) or pa.types.is_decimal(t):
         x = pc.fill_null(pc.cast(column, pa.float64()), 0.0)
         x = pc.if_else(pc.equal(x, 0.0), 0.0, x)  # -0.0 is 0.0; NaN is handled below
@@ -85,6 +87,8 @@ def order_prefix(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     else:  # pragma: no cover - schema.py admits no other type
         values = pa.nulls(len(column), pa.int64())
         nulls = pc.is_valid(column)
+    if nulls is None:
+        nulls = pc.is_null(column)
     return pc.if_else(nulls, pa.scalar(INT64_MIN, pa.int64()), values)
 
 
