@@ -260,7 +260,7 @@ def test_a_forwarded_run_is_summed_first_only_where_rows_repeat(tmp_path: Path) 
     """The left batch below ``since``: its runs come back forwarded and consolidated (what
     the reference makes of them, with the inputs' fields), a fraction of their rows; a run
     of times at or above ``since`` comes back as it is; one whose forwarded rows stay
-    mostly distinct comes back forwarded but not summed."""
+    mostly distinct comes back forwarded but not summed, and so does a single row."""
     _, trace = _two_batches(tmp_path, BENCH_LIKE, ["id"], _repeating_rows(random.Random(8), 300),
                             since=30)
     plan = merge_plan_ok(plan_merge(trace.state))
@@ -284,6 +284,8 @@ def test_a_forwarded_run_is_summed_first_only_where_rows_repeat(tmp_path: Path) 
     unsummed = forwarded_run(distinct, ctx)
     assert unsummed.num_rows == distinct.num_rows
     assert set(unsummed.column("_time").to_pylist()) == {30}
+    for one in (left.slice(0, 1), left.slice(left.num_rows - 1)):  # a chunk's lone row
+        assert forwarded_run(one, ctx).column("_time").to_pylist() == [30]
 
 
 @pytest.mark.spark

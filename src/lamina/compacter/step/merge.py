@@ -306,19 +306,19 @@ def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
     once: in ``bench.merge`` the left parent, 5M updates of 1M rows all below the frontier,
     comes to a fifth of its rows (docs/performance.md, "Summing forwarded runs first")."""
     since = ctx.since
-    times = run.column(TIME)
-    if since == 0 or run.num_rows < 2 or pc.min(times).as_py() >= since:
+    if since == 0 or run.num_rows == 0 or pc.min(run.column(TIME)).as_py() >= since:
         return run  # nothing forwarded: a consolidated run holds no two equal rows
     schema = run.schema  # the inputs' fields, which concatenating the pieces needs
     run = forward(run, since)
     n = run.num_rows
-    prefix = run.column(ctx.prefix).to_numpy()
-    forwarded = run.column(TIME).to_numpy()
-    probe = np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
-    equal = (prefix[probe] == prefix[probe + 1]) & (forwarded[probe] == forwarded[probe + 1])
-    if np.count_nonzero(equal) > (1 - SUM_FIRST_BELOW) * len(probe):
-        # None for float rows or sums that could leave int64: the chunk's consolidation
-        run = sum_adjacent(run, [*ctx.row_columns, TIME]) or run
+    if n > 1:
+        prefix = run.column(ctx.prefix).to_numpy()
+        times = run.column(TIME).to_numpy()
+        probe = np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
+        equal = (prefix[probe] == prefix[probe + 1]) & (times[probe] == times[probe + 1])
+        if np.count_nonzero(equal) > (1 - SUM_FIRST_BELOW) * len(probe):
+            # None for float rows or sums that could leave int64: the chunk's consolidation
+            run = sum_adjacent(run, [*ctx.row_columns, TIME]) or run
     return pa.Table.from_arrays(run.columns, schema=schema)
 
 
