@@ -11,6 +11,7 @@ input fails the merge as corruption.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 from pathlib import Path
@@ -32,7 +33,9 @@ from lamina.compacter.step.merge import (
     forwarded_run,
     sampled_ranges,
 )
+from lamina.compacter.step.context import StepContext
 from lamina.compacter.step.work import JobTuning
+from lamina.compacter.step.write import consolidated_rows
 from lamina.consolidate import INT64_MIN, consolidate_updates, forward
 from lamina.errors import CorruptionError
 from lamina.trace.batch import ROW_GROUP_ROWS, OpenPart, read_part, write_part
@@ -286,6 +289,70 @@ def test_a_forwarded_run_is_summed_first_only_where_rows_repeat(tmp_path: Path) 
     assert set(unsummed.column("_time").to_pylist()) == {30}
     for one in (left.slice(0, 1), left.slice(left.num_rows - 1)):  # a chunk's lone row
         assert forwarded_run(one, ctx).column("_time").to_pylist() == [30]
+
+
+MIXED = pa.schema([("k", pa.int32()), ("s", pa.string()), ("f", pa.float64())])
+
+
+@pytest.fixture(scope="module")
+def mixed_ctx(tmp_path_factory: pytest.TempPathFactory) -> StepContext:
+    """A merge's step context for ``MIXED`` (key ``k``, nullable; a float row column)."""
+    rng = random.Random(12)
+
+    def rows(t: int) -> pa.Table:
+        n = 3000  # enough to finish a segment of 64 KiB
+        return pa.table({"k": pa.array([rng.randrange(500) for _ in range(n)], pa.int32()),
+                         "s": ["a"] * n, "f": [0.5] * n,
+                         "_time": pa.array([t] * n, pa.uint64()),
+                         "_diff": pa.array([1] * n, pa.int64())})
+    _, trace = _two_batches(tmp_path_factory.mktemp("mixed"), MIXED, ["k"], rows)
+    plan = merge_plan_ok(plan_merge(trace.state))
+    return _context(trace, merge_spec(trace, plan), share=1 << 20, n_write=1, tuning=TUNING,
+                    stage_segments=False)
+
+
+_mixed_row = st.tuples(st.one_of(st.none(), st.integers(-3, 3)),
+                       st.one_of(st.none(), st.sampled_from(["a", "ab", "b"])),
+                       st.sampled_from([0.0, -0.0, 1.5, float("nan")]),
+                       st.integers(0, 19), st.sampled_from([1, 1, -1, 2, -3]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_mixed_row, max_size=60), st.lists(_mixed_row, max_size=60),
+       st.integers(0, 45), st.booleans())
+def test_forwarded_runs_then_the_chunk_sort_give_the_reference_consolidation(
+        mixed_ctx: StepContext, left: list[Any], right: list[Any], since: int,
+        integral: bool) -> None:
+    """Two consolidated parents (times 0..19 and 20..39), forwarded run by run (summed
+    where rows repeat), concatenated, sorted and consolidated as a merge task does: the
+    rows the reference makes of the forwarded parents, whatever ``since`` is; with and
+    without the float column (where summing a run declines)."""
+    ctx = dataclasses.replace(mixed_ctx, since=since)
+    if integral:
+        ctx = dataclasses.replace(ctx, update_schema=pa.schema(
+            [f for f in ctx.update_schema if f.name != "f"]),
+            row_columns=("k", "s"), sort_columns=("k", "s"))
+    cols = list(ctx.row_columns)
+
+    def parent(rows: list[Any], base: int) -> pa.Table:
+        table = pa.table({"k": pa.array([r[0] for r in rows], pa.int32()),
+                          "s": pa.array([r[1] for r in rows], pa.string()),
+                          "f": pa.array([r[2] for r in rows], pa.float64()),
+                          "_time": pa.array([base + r[3] for r in rows], pa.uint64()),
+                          "_diff": pa.array([r[4] for r in rows], pa.int64())})
+        table = consolidate_updates(table.select([*cols, "_time", "_diff"]), cols, cols,
+                                    context="test").cast(ctx.update_schema)
+        return table.append_column(ctx.prefix, order_prefix(table.column("k")))
+
+    parents = [parent(left, 0), parent(right, 20)]
+    pieces = [forwarded_run(p, ctx) for p in parents if p.num_rows]
+    for p, q in zip([p for p in parents if p.num_rows], pieces, strict=True):
+        assert q.schema.equals(p.schema)
+    rows = pa.concat_tables(pieces) if pieces else parents[0]
+    got = consolidated_rows(rows.take(pc.sort_indices(rows, sort_keys=ctx.sort_keys)), ctx)
+    history = pa.concat_tables(parents).drop_columns([ctx.prefix])
+    want = consolidate_updates(forward(history, since), cols, cols, context="test")
+    assert_same_tables(got.cast(want.schema), want, "merged chunk")
 
 
 @pytest.mark.spark
