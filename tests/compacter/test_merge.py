@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina.compacter.executors import reference
+from lamina.compacter.step.context import StepContext
 from lamina.compacter.step.driver import StepOutput, _context, merge_spec, run_step
 from lamina.compacter.step.merge import (
     GroupIndex,
@@ -33,7 +34,6 @@ from lamina.compacter.step.merge import (
     forwarded_run,
     sampled_ranges,
 )
-from lamina.compacter.step.context import StepContext
 from lamina.compacter.step.work import JobTuning
 from lamina.compacter.step.write import consolidated_rows
 from lamina.consolidate import INT64_MIN, consolidate_updates, forward
