@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.profile tasks [--step convert|merge] [--scale 1.0] [--top 25]
     .venv/bin/python -m bench.profile jvm [--step convert|merge] [--scale 1.0] [--runs 2]
     .venv/bin/python -m bench.profile sums [--scale 1.0]
+    .venv/bin/python -m bench.profile encodings [--runs 3]
     .venv/bin/python -m bench.profile wal [--runs 300]
     .venv/bin/python -m bench.profile timeline [--step convert|merge] [--scale 1.0] [--runs 2]
     .venv/bin/python -m bench.profile pertask [--runs 5] [--conf K=V ...]
@@ -21,6 +22,13 @@ the former design's profile was taken).
 
 ``sums`` times pyarrow's hash group-by of the merge input's 10M rows by row, summing the
 diffs as int64 and as decimal128(38, 0) (what ``lamina.consolidate`` chooses between).
+
+``encodings`` writes 2M rows of an int64 key and one 12-character string column (in runs
+of about ten, as a function of the sorted key; and 200,000 to 5 values in random order) as
+parts are written, with the string column dictionary-encoded and plain, and prints the
+best of ``--runs`` CPU seconds to write and to read the column back, the bytes, and what
+``lamina.trace.batch.wants_dictionary`` chooses: the table of docs/performance.md,
+"Dictionaries only where values recur apart".
 
 ``timeline`` runs the step with Spark ``--runs`` times and prints, per job, when its
 first task started and its last ended, the tasks' wall and CPU seconds and the slot-seconds
@@ -305,6 +313,60 @@ def _best(fn: Callable[[], object], n: int = 3) -> float:
     return min(times)
 
 
+def encodings(runs: int) -> None:
+    import io
+
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from lamina.trace.batch import ROW_GROUP_ROWS, wants_dictionary
+
+    rng = np.random.default_rng(1)
+    n = 2_000_000
+    ids = np.sort(rng.integers(0, n // 10, n))
+
+    def strings(values: Any, prefix: str) -> pa.Array:
+        return pc.binary_join_element_wise(prefix, pc.cast(pa.array(values), pa.string()), "")
+
+    columns = {"a function of the sorted key (runs of about ten)":
+               strings(ids + 1_000_000, "item-")}
+    for card in (200_000, 2_000, 1_000, 20, 5):
+        columns[f"{card:,} values in random order"] = strings(
+            rng.integers(0, card, n) + 1_000_000, "city-")
+
+    def measure(column: pa.Array, dictionary: bool) -> tuple[float, float, int]:
+        table = pa.table({"id": ids, "c": column})
+        options = {"compression": "zstd", "compression_level": 1,
+                   "use_dictionary": ["c"] if dictionary else False,
+                   "column_encoding": {"id": "DELTA_BINARY_PACKED"},
+                   "write_statistics": True, "write_page_checksum": True}
+        write, read, size = [], [], 0
+        for _ in range(runs):
+            sink = io.BytesIO()
+            started = time.process_time()
+            with pq.ParquetWriter(sink, table.schema, **options) as writer:
+                writer.write(table, row_group_size=ROW_GROUP_ROWS)
+            write.append(time.process_time() - started)
+            data = sink.getvalue()
+            size = len(data)
+            started = time.process_time()
+            pq.read_table(pa.BufferReader(data), columns=["c"])
+            read.append(time.process_time() - started)
+        return min(write), min(read), size
+
+    print("| the string column | dictionary: write / read / bytes | plain: write / read / "
+          "bytes | wants_dictionary |")
+    print("|---|---|---|---|")
+    for name, column in columns.items():
+        cells = []
+        for dictionary in (True, False):
+            w, r, b = measure(column, dictionary)
+            cells.append(f"{w:.3f} / {r:.3f} s / {b / 1e6:.2f} MB")
+        print(f"| {name} | {cells[0]} | {cells[1]} | "
+              f"{wants_dictionary(column.slice(0, ROW_GROUP_ROWS))} |")
+
+
 def sums(scale: float) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -491,8 +553,8 @@ def reads(store: str, relation: str, cell: str | None, runs: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile",
                                      description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "wal", "timeline", "pertask",
-                                         "reads", "_read_child"))
+    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "encodings", "wal",
+                                         "timeline", "pertask", "reads", "_read_child"))
     parser.add_argument("--step", choices=("convert", "merge"), default="convert")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=2)
@@ -518,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         jvm(args.step, args.scale, args.runs, args.top)
     elif args.mode == "sums":
         sums(args.scale)
+    elif args.mode == "encodings":
+        encodings(max(args.runs, 1))
     elif args.mode == "timeline":
         timeline(args.step, args.scale, args.runs)
     elif args.mode == "pertask":
