@@ -2,12 +2,12 @@
 
 The cut of the prefix space is checked without Spark (hypothesis, and a written part's
 footer against its rows), and so are forwarded runs (summed first where rows repeat)
-followed by a task's sort and consolidation; the Spark cases merge two batches of several row groups each,
-built by the reference executor, through ``run_step`` and compare every row and its order
-with the reference's merge: int, string, nullable int32 and timestamp first columns, since
-forwarding, several write tasks and chunks. They also show when the two-job step runs
-instead (a float first column, one key holding most rows) and that a damaged page of an
-input fails the merge as corruption.
+followed by a task's sort and consolidation; the Spark cases merge two batches of several
+row groups each, built by the reference executor, through ``run_step`` and compare every row
+and its order with the reference's merge: int, string, nullable int32 and timestamp first
+columns, since forwarding, several write tasks and chunks. They also show when the two-job
+step runs instead (a float first column, one key holding most rows) and that a damaged page
+of an input fails the merge as corruption.
 """
 
 from __future__ import annotations

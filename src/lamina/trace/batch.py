@@ -138,13 +138,13 @@ def parquet_options(schema: pa.Schema, sample: pa.Table | pa.RecordBatch | None 
     distinct values gains nothing from it and pays for hashing every value, and a column
     whose values come in runs (a function of the key, in rows sorted by key) compresses
     better plain, since zstd takes each run as one match. Measured on 2M rows of a
-    12-character string (docs/performance.md, "Dictionaries only where values recur
-    apart"): in runs of about ten, plain took 27% less CPU to encode, 19% less to read and
-    half the bytes; 200,000 values in random order, 37%, 22% and 29% less; 5 to 1,000
-    values in random order are where the dictionary is smaller (3.89 against 4.81 MB for
-    1,000 values), at about the same CPU (``python -m bench.profile encodings``). Arrow's writer has no such check of its own; parquet-mr
-    falls back to plain when a dictionary does not shrink the column. Without a sample
-    every such column gets a dictionary."""
+    12-character string (docs/performance.md, "Dictionaries only where values recur apart"):
+    in runs of about ten, plain took 27% less CPU to encode, 19% less to read and half the
+    bytes; 200,000 values in random order, 37%, 22% and 29% less; 20 to 1,000 values in
+    random order are where the dictionary is smaller (3.89 against 4.81 MB for 1,000
+    values), at about the same CPU (``python -m bench.profile encodings``). Arrow's writer
+    has no such check of its own; parquet-mr falls back to plain when a dictionary does not
+    shrink the column. Without a sample every such column gets a dictionary."""
     delta = [f.name for f in schema if pa.types.is_integer(f.type)
              or pa.types.is_date32(f.type) or pa.types.is_timestamp(f.type)]
     dictionary = [f.name for f in schema if f.name not in delta]
