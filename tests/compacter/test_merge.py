@@ -264,7 +264,8 @@ def test_a_forwarded_run_is_summed_first_only_where_rows_repeat(tmp_path: Path) 
     """The left batch below ``since``: its runs come back forwarded and consolidated (what
     the reference makes of them, with the inputs' fields), a fraction of their rows; a run
     of times at or above ``since`` comes back as it is; one whose forwarded rows stay
-    mostly distinct comes back forwarded but not summed, and so does a single row."""
+    mostly distinct comes back forwarded but not summed, and so does a single row; one
+    whose rows cancel comes back empty."""
     _, trace = _two_batches(tmp_path, BENCH_LIKE, ["id"], _repeating_rows(random.Random(8), 300),
                             since=30)
     plan = merge_plan_ok(plan_merge(trace.state))
@@ -285,6 +286,10 @@ def test_a_forwarded_run_is_summed_first_only_where_rows_repeat(tmp_path: Path) 
     assert forwarded_run(right, ctx) is right
     ids = left.column("id").to_numpy()  # one row per id: forwarding makes no two equal
     distinct = left.take(np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]))
+    cancelled = left.take([0, 0]).set_column(  # a row and its retraction: nothing left
+        left.schema.get_field_index("_diff"), left.schema.field("_diff"),
+        pa.array([1, -1], pa.int64()))
+    assert forwarded_run(cancelled, ctx).num_rows == 0
     unsummed = forwarded_run(distinct, ctx)
     assert unsummed.num_rows == distinct.num_rows
     assert set(unsummed.column("_time").to_pylist()) == {30}
@@ -314,7 +319,7 @@ def mixed_ctx(tmp_path_factory: pytest.TempPathFactory) -> StepContext:
 
 _mixed_row = st.tuples(st.one_of(st.none(), st.integers(-3, 3)),
                        st.one_of(st.none(), st.sampled_from(["a", "ab", "b"])),
-                       st.sampled_from([0.0, -0.0, 1.5, float("nan")]),
+                       st.sampled_from([0.0, 1.5, float("nan")]),
                        st.integers(0, 19), st.sampled_from([1, 1, -1, 2, -3]))
 
 
@@ -327,7 +332,10 @@ def test_forwarded_runs_then_the_chunk_sort_give_the_reference_consolidation(
     """Two consolidated parents (times 0..19 and 20..39), forwarded run by run (summed
     where rows repeat), concatenated, sorted and consolidated as a merge task does: the
     rows the reference makes of the forwarded parents, whatever ``since`` is; with and
-    without the float column (where summing a run declines)."""
+    without the float column (where summing a run declines). No -0.0: it sorts equal to
+    0.0 but is kept apart by consolidation, so the order of the two rows follows the
+    input's, in the old merge path as in this one, and a row-by-row comparison with the
+    reference cannot hold."""
     ctx = dataclasses.replace(mixed_ctx, since=since)
     if integral:
         ctx = dataclasses.replace(ctx, update_schema=pa.schema(

@@ -307,7 +307,7 @@ def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
     comes to a fifth of its rows (docs/performance.md, "Summing forwarded runs first")."""
     since = ctx.since
     if since == 0 or run.num_rows == 0 or pc.min(run.column(TIME)).as_py() >= since:
-        return run  # nothing forwarded: a consolidated run holds no two equal rows
+        return run  # nothing forwarded: the run is as consolidated as its batch
     schema = run.schema  # the inputs' fields, which concatenating the pieces needs
     run = forward(run, since)
     n = run.num_rows
@@ -317,8 +317,9 @@ def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
         probe = np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
         equal = (prefix[probe] == prefix[probe + 1]) & (times[probe] == times[probe + 1])
         if np.count_nonzero(equal) > (1 - SUM_FIRST_BELOW) * len(probe):
-            # None for float rows or sums that could leave int64: the chunk's consolidation
-            run = sum_adjacent(run, [*ctx.row_columns, TIME]) or run
+            summed = sum_adjacent(run, [*ctx.row_columns, TIME])
+            if summed is not None:  # None: float rows or sums that could leave int64,
+                run = summed        # left to the chunk's consolidation
     return pa.Table.from_arrays(run.columns, schema=schema)
 
 
