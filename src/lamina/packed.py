@@ -237,15 +237,30 @@ def _run_starts(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return starts_mask
 
 
-_SUM_FIRST_BELOW = 0.75
-"""A sorted run whose distinct keys are fewer than this share of its rows is summed
-before the sort (:func:`_sum_sorted`)."""
+SUM_FIRST_BELOW = 0.75
+"""A sorted run whose sampled neighbour pairs (:func:`neighbour_pairs`) differ less often
+than this is summed over its runs of equal rows before a merge sorts it
+(:func:`worth_summing`): here (:func:`_sum_sorted`) and in the Spark merge tasks
+(:func:`lamina.compacter.step.merge.forwarded_run`)."""
+_PROBES = 4096
+
+
+def neighbour_pairs(n: int) -> np.ndarray[Any, Any]:
+    """The first rows of about ``_PROBES`` neighbour pairs spread over ``n`` (at least 2)
+    sorted rows."""
+    return np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
+
+
+def worth_summing(differ: np.ndarray[Any, Any]) -> bool:
+    """Whether a sorted run is worth summing before a merge's sort, given whether each of
+    its sampled neighbour pairs differs (:data:`SUM_FIRST_BELOW`)."""
+    return bool(np.count_nonzero(differ) < SUM_FIRST_BELOW * len(differ))
 
 
 def _sum_sorted(keys: np.ndarray[Any, Any],
                 diffs: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """A sorted run's keys and diffs, with each run of equal keys summed into one row when
-    that leaves fewer than ``_SUM_FIRST_BELOW`` of its rows (zero sums are kept: the final
+    that leaves fewer than ``SUM_FIRST_BELOW`` of its rows (zero sums are kept: the final
     sum drops them); else the run as it is. A trace part holds a row once per time it
     changed, and a read drops the times: in ``10m-churn`` of the peers benchmark a part of
     1.83M rows holds 480,000 distinct rows, and summing it first (one comparison pass and
@@ -254,8 +269,8 @@ def _sum_sorted(keys: np.ndarray[Any, Any],
     run of mostly distinct rows (``10m-k200-50k``: 83%) costs no pass at all."""
     if len(keys) < 2:
         return keys, diffs
-    probe = np.arange(0, len(keys) - 1, max(1, (len(keys) - 1) // 4096))
-    if np.count_nonzero(keys[probe] != keys[probe + 1]) >= _SUM_FIRST_BELOW * len(probe):
+    probe = neighbour_pairs(len(keys))
+    if not worth_summing(keys[probe] != keys[probe + 1]):
         return keys, diffs
     starts = np.flatnonzero(_run_starts(keys))
     return keys[starts], np.add.reduceat(diffs, starts)

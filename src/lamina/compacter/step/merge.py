@@ -62,6 +62,7 @@ from lamina.consolidate import INT64_MAX, INT64_MIN, forward, sum_adjacent
 from lamina.errors import CorruptionError
 from lamina.layout import TraceLayout
 from lamina.objstore.base import ObjectStore
+from lamina.packed import neighbour_pairs, worth_summing
 from lamina.schema import TIME
 from lamina.trace.batch import OpenPart, PartFile
 from lamina.trace.order import order_prefix
@@ -289,22 +290,16 @@ def _chunk_rows(inputs: _Inputs, ctx: StepContext, lower: int | None, upper: int
             yield rows.append_column(ctx.prefix, prefix).slice(start, end - start)
 
 
-SUM_FIRST_BELOW = 0.75
-"""A run whose forwarded times leave fewer than this share of its rows distinct (judged from
-sampled neighbours) is summed before the chunk's sort (:func:`forwarded_run`)."""
-
-_PROBES = 4096
-
-
 def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
     """One input's rows of a chunk (sorted, consolidated) with times below ``since``
     forwarded to it, which keeps them sorted. Forwarding is what makes rows of a batch
     equal: every update of a row older than the frontier gets the same time. Where that
-    leaves fewer than ``SUM_FIRST_BELOW`` of the run's rows distinct (judged from
-    ``_PROBES`` neighbour pairs of equal prefix and time), the run is summed here, one
-    comparison pass, so that the chunk's sort, gather and consolidation see each such row
-    once: in ``bench.merge`` the left parent, 5M updates of 1M rows all below the frontier,
-    comes to a fifth of its rows (docs/performance.md, "Summing forwarded runs first")."""
+    leaves few of the run's rows distinct (sampled neighbour pairs of equal prefix and
+    time, by :func:`lamina.packed.worth_summing`, the rule a snapshot's merge follows too),
+    the run is summed here, one comparison pass, so that the chunk's sort, gather and
+    consolidation see each such row once: in ``bench.merge`` the left parent, 5M updates
+    of 1M rows all below the frontier, comes to a fifth of its rows (docs/performance.md,
+    "Summing forwarded runs first")."""
     since = ctx.since
     if since == 0 or run.num_rows == 0 or pc.min(run.column(TIME)).as_py() >= since:
         return run  # nothing forwarded: the run is as consolidated as its batch
@@ -314,9 +309,9 @@ def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
     if n > 1:
         prefix = run.column(ctx.prefix).to_numpy()
         times = run.column(TIME).to_numpy()
-        probe = np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
-        equal = (prefix[probe] == prefix[probe + 1]) & (times[probe] == times[probe + 1])
-        if np.count_nonzero(equal) > (1 - SUM_FIRST_BELOW) * len(probe):
+        probe = neighbour_pairs(n)
+        if worth_summing((prefix[probe] != prefix[probe + 1])
+                         | (times[probe] != times[probe + 1])):
             summed = sum_adjacent(run, [*ctx.row_columns, TIME])
             if summed is not None:  # None: float rows or sums that could leave int64,
                 run = summed        # left to the chunk's consolidation
