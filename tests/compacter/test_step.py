@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from lamina.compacter.executors import reference
 from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
+from lamina.compacter.step.context import StepContext
+from lamina.compacter.step.decode import split
 from lamina.compacter.step.driver import spark_convert, spark_merge
 from lamina.compacter.step.runs import RunCompression, read_run, write_run
 from lamina.compacter.step.work import JobTuning, WalRange, pack
@@ -104,6 +106,54 @@ def test_order_prefix_is_monotone_in_batch_order(type_: pa.DataType, values: Any
     assert prefix == sorted(prefix)
     assert all(p == -(2**63) for p, v in zip(prefix, table.column("c").to_pylist(),
                                               strict=True) if v is None)
+
+
+def _split_context(first: pa.DataType, since: int, upper: int | None) -> StepContext:
+    schema = pa.schema([("a", first), ("b", pa.string()), ("_time", pa.uint64()),
+                        ("_diff", pa.int64())])
+    return StepContext(store=LocalObjectStore(Path("/nonexistent")), relation="t",
+                       update_schema=schema, row_columns=("a", "b"), sort_columns=("a", "b"),
+                       prefix="__p", bucket="__b", since=since, upper=upper, batch_id="x",
+                       context="test", scratch="s", sample_every=1, min_samples=1, parts=1,
+                       groups=())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+@pytest.mark.parametrize("first", [pa.int64(), pa.string()], ids=["int64", "string"])
+def test_split_matches_filter_forward_and_stable_sort(first: pa.DataType, data: Any) -> None:
+    """decode.split gathers each side once; it must give what filtering, forwarding and a
+    stable sort by prefix (future rows: by bucket) give, and without ``stable`` the same
+    rows, ordered by prefix (bucket)."""
+    values = st.integers(-5, 5) if first == pa.int64() else st.text("ab", max_size=9)
+    row = st.tuples(st.one_of(st.none(), values), st.text("xy", max_size=2),
+                    st.integers(0, 40), st.integers(-2, 2))
+    chunks = data.draw(st.lists(st.lists(row, max_size=12), max_size=4))
+    since = data.draw(st.integers(0, 45))
+    upper = data.draw(st.one_of(st.none(), st.integers(0, 45)))
+    ctx = _split_context(first, since, upper)
+    tables = [pa.Table.from_pylist([dict(zip(ctx.update_schema.names, r, strict=True))
+                                    for r in rows], ctx.update_schema) for rows in chunks]
+    table = pa.concat_tables(tables) if tables else ctx.update_schema.empty_table()
+    rows = table.to_pylist()
+    is_future = [upper is not None and r["_time"] >= upper for r in rows]
+    prefixes = order_prefix(table.column("a")).to_pylist()
+    want_past = sorted(({**r, "_time": max(r["_time"], since), "__p": p}
+                        for r, p, f in zip(rows, prefixes, is_future, strict=True) if not f),
+                       key=lambda r: r["__p"])
+    want_future = sorted(({**r, "__p": p, "__b": bucket_of(r["_time"], upper)[0]}
+                          for r, p, f in zip(rows, prefixes, is_future, strict=True)
+                          if f and upper is not None), key=lambda r: r["__b"])
+    past, future = split(table, ctx)
+    assert past.column_names == [*ctx.update_schema.names, "__p"]
+    assert future.column_names == [*ctx.update_schema.names, "__p", "__b"]
+    assert past.to_pylist() == want_past
+    assert future.to_pylist() == want_future
+    past, future = split(table, ctx, stable=False)
+    for got, want, lead in ((past, want_past, "__p"), (future, want_future, "__b")):
+        got_rows = got.to_pylist()
+        assert [r[lead] for r in got_rows] == [r[lead] for r in want]
+        assert sorted(map(repr, got_rows)) == sorted(map(repr, want))
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd", "none"])

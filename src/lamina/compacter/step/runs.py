@@ -67,6 +67,10 @@ RUN_BATCHES_PER_PART = 4
 """A batch-row run is cut into about this many record batches per part of the step."""
 
 
+_READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
+"""Runs are decompressed on the task's own thread (see :func:`write_run`)."""
+
+
 def run_batch_rows(rows: int, parts: int) -> int:
     """Rows per record batch of a run of ``rows`` batch rows in a step writing ``parts``
     parts. A part's key range covers about ``1 / parts`` of every run, and its task
@@ -105,11 +109,19 @@ def write_run(store: ObjectStore, key: str, table: pa.Table, lead: str,
     ``batch_rows`` rows compressed with ``compression`` (not synced: see the module
     docstring). LZ4 makes the file a quarter of the size for a fraction of the cost of
     writing the rest; ZSTD makes it about 2.4 times smaller again, for more CPU
-    (:data:`RunCompression`)."""
+    (:data:`RunCompression`).
+
+    The codec runs on the task's own thread (``use_threads=False``, and so does
+    :func:`read_run`): a Spark Python worker's Arrow pool has one thread (PySpark sets
+    ``OMP_NUM_THREADS`` to ``spark.task.cpus``, which sizes it), so handing buffers to it
+    only adds hand-offs, and the other core is busy with another task. The 10M-update
+    conversion took 3.55 to 3.70 s against 3.81 to 3.86 s (docs/performance.md, "The
+    conversion, 2026-11-28")."""
     table = table.combine_chunks()
     values = table.column(lead).to_numpy()
     spans = []
-    options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression,
+                                     use_threads=False)
     with store.writer(key, durable=False) as out:
         sink = pa.PythonFile(out, mode="w")
         with pa.ipc.new_file(sink, table.schema, options=options) as writer:
@@ -124,7 +136,7 @@ def write_run(store: ObjectStore, key: str, table: pa.Table, lead: str,
 def read_run(store: ObjectStore, run: Run, first: int, last: int) -> pa.Table:
     """Batches ``first`` to ``last`` (inclusive) of a run."""
     with store.open_input(run.path, run.size) as source:
-        reader = pa.ipc.open_file(source)
+        reader = pa.ipc.open_file(source, options=_READ_OPTIONS)
         return pa.Table.from_batches([reader.get_batch(i) for i in range(first, last + 1)],
                                      schema=reader.schema)
 
