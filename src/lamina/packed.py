@@ -240,8 +240,9 @@ def _run_starts(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 SUM_FIRST_BELOW = 0.75
 """A sorted run whose sampled neighbour pairs (:func:`neighbour_pairs`) differ less often
 than this is summed over its runs of equal rows before a merge sorts it
-(:func:`worth_summing`): here (:func:`_sum_sorted`) and in the Spark merge tasks
-(:func:`lamina.compacter.step.merge.forwarded_run`)."""
+(:func:`worth_summing`): here (:func:`_sum_sorted`), in the Spark merge tasks
+(:func:`lamina.compacter.step.merge.forwarded_run`) and in a conversion's decode tasks
+(:func:`lamina.compacter.step.decode.summed_repeats`)."""
 _PROBES = 4096
 
 

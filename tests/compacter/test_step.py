@@ -25,11 +25,16 @@ from hypothesis import strategies as st
 from lamina.compacter.executors import reference
 from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
 from lamina.compacter.step.context import StepContext
-from lamina.compacter.step.decode import split
-from lamina.compacter.step.driver import spark_convert, spark_merge
+from lamina.compacter.step.decode import prepared, split, summed_repeats
+from lamina.compacter.step.driver import (
+    conversion_spec,
+    single_context,
+    spark_convert,
+    spark_merge,
+)
 from lamina.compacter.step.runs import RunCompression, read_run, write_run
 from lamina.compacter.step.work import JobTuning, WalRange, pack
-from lamina.consolidate import INT64_MAX, sort
+from lamina.consolidate import INT64_MAX, consolidate, sort
 from lamina.errors import CorruptionError, JobError
 from lamina.objstore.local import LocalObjectStore
 from lamina.store import Store
@@ -154,6 +159,54 @@ def test_split_matches_filter_forward_and_stable_sort(first: pa.DataType, data: 
         got_rows = got.to_pylist()
         assert [r[lead] for r in got_rows] == [r[lead] for r in want]
         assert sorted(map(repr, got_rows)) == sorted(map(repr, want))
+
+
+def _live(table: pa.Table) -> list[tuple[Any, ...]]:
+    """Rows with their summed diffs, zero sums dropped, in row order: what a batch holds."""
+    cols = [c for c in table.column_names if c != "_diff" and not c.startswith("__")]
+    out = consolidate(table, [*cols], [*cols])
+    return sorted(zip(*(out.column(c).to_pylist() for c in [*cols, "_diff"]), strict=True),
+                  key=repr)
+
+
+def test_summed_repeats_sums_what_forwarding_made_equal() -> None:
+    """A decode task's rows, forwarded to ``since``, repeat: summed before the run is
+    written, they are fewer, still ordered by prefix, with the run's schema, and hold the
+    same live rows."""
+    ctx = _split_context(pa.int64(), since=90, upper=100)
+    rng = random.Random(3)
+    n = 20_000
+    table = pa.table({
+        "a": pa.array([None if i % 97 == 0 else rng.randrange(300) for i in range(n)],
+                      pa.int64()),
+        "b": pa.array([("x", "y", None)[i % 3] for i in range(n)]),
+        "_time": pa.array([rng.randrange(95) for _ in range(n)], pa.uint64()),
+        "_diff": pa.array([rng.choice((1, 1, -1, 2)) for _ in range(n)], pa.int64()),
+    }, schema=ctx.update_schema)
+    past, _ = split(table, ctx, stable=False)
+    summed = summed_repeats(past, ctx)
+    assert summed.num_rows < past.num_rows // 4
+    assert summed.schema.equals(past.schema)
+    prefix = summed.column("__p").to_pylist()
+    assert prefix == sorted(prefix)
+    assert _live(summed) == _live(past)
+
+
+def test_summed_repeats_leaves_distinct_rows_and_floats_alone() -> None:
+    ctx = _split_context(pa.int64(), since=0, upper=None)
+    n = 5_000
+    table = pa.table({"a": pa.array(range(n), pa.int64()), "b": pa.array(["x"] * n),
+                      "_time": pa.array([7] * n, pa.uint64()),
+                      "_diff": pa.array([1] * n, pa.int64())}, schema=ctx.update_schema)
+    past, _ = split(table, ctx, stable=False)
+    assert summed_repeats(past, ctx) is past  # every sampled pair differs: not even sorted
+    floats = dataclasses.replace(ctx, update_schema=ctx.update_schema.set(
+        1, pa.field("b", pa.float64())))
+    rows = pa.table({"a": pa.array([1] * n, pa.int64()), "b": pa.array([0.5] * n),
+                     "_time": pa.array([7] * n, pa.uint64()),
+                     "_diff": pa.array([1] * n, pa.int64())}, schema=floats.update_schema)
+    past, _ = split(rows, floats, stable=False)
+    assert summed_repeats(past, floats) is past  # left to the write tasks' consolidation
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd", "none"])
@@ -331,6 +384,40 @@ def test_an_s3_trace_with_staged_segments_matches_reference(
     want = reference.run_merge(ref, mplan)
     merged = spark_merge(sp, trace, mplan, tuning=tuning)
     assert_same_tables(batch_table(trace, merged), batch_table(ref, want), "merged batch")
+
+
+@pytest.mark.spark
+def test_decode_tasks_sum_what_forwarding_repeats(sp: Any, tmp_path: Path) -> None:
+    """A backlog converted with ``since`` close behind its upper: the decode tasks sum the
+    updates forwarding made equal (checked on the step's own decoded rows), and the batch
+    and pending parts still equal the reference's."""
+    schema = pa.schema([("id", pa.int64()), ("item", pa.string())])
+    w = open_workload(tmp_path / "d", schema, ["id"], segment_bytes=64 << 10)
+    rng = random.Random(11)
+    for step in range(6):
+        n = 4_000
+        ids = [rng.randrange(300) for _ in range(n)]
+        w.rel.append(pa.table({
+            "id": pa.array(ids, pa.int64()),
+            "item": pa.array([None if i % 50 == 0 else f"item-{i % 7}" for i in ids]),
+            "_time": pa.array([step * 10 + rng.randrange(14) for _ in range(n)], pa.uint64()),
+            "_diff": pa.array([rng.choice((1, 1, -1)) for _ in range(n)], pa.int64()),
+        }))
+        if step == 5:  # before the last seal: in a segment the conversion reads
+            w.rel.allow_compaction(48)
+        w.rel.seal(step * 10 + 10)
+    trace = w.trace()
+    plan = plan_conversion(trace.state, spans(trace, w.wal_dir))
+    assert (plan.since, plan.upper) == (48, 60)
+    ctx = single_context(trace, conversion_spec(trace, plan))
+    past, _, decoded = prepared(0, ctx, stable=False)
+    assert summed_repeats(past, ctx).num_rows < past.num_rows // 4 < decoded
+    ref = w.fork(trace, "ref")
+    want = reference.run_conversion(ref, plan)
+    got = spark_convert(sp, trace, plan, tuning=SPLIT)
+    assert len(got.parts) > 1, "expected the partitioned path"
+    assert got.pending, "expected future rows"
+    assert_same_conversion(trace, got, ref, want, plan=plan)
 
 
 @pytest.mark.spark

@@ -26,6 +26,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lamina import columns
 from lamina.compacter.step.context import StepContext
@@ -33,7 +34,8 @@ from lamina.compacter.step.failures import guarded
 from lamina.compacter.step.runs import bucket_runs, run_batch_rows, write_run
 from lamina.compacter.step.wire import RUN_FIELDS, Decoded, batch_of, task_ids
 from lamina.compacter.step.work import WalRange, WorkItem
-from lamina.consolidate import forward
+from lamina.consolidate import forward, sum_adjacent
+from lamina.packed import neighbour_pairs, worth_summing
 from lamina.schema import TIME
 from lamina.trace.batch import read_part
 from lamina.trace.order import order_prefix
@@ -116,12 +118,46 @@ def prepared(gid: int, ctx: StepContext, *, stable: bool = True
     return past, future, decoded.num_rows
 
 
+def summed_repeats(past: pa.Table, ctx: StepContext) -> pa.Table:
+    """A decode task's batch rows (ordered by prefix), with the updates of a row at one time
+    summed into one update where sampled neighbour pairs (:func:`lamina.packed.worth_summing`,
+    the rule of the merge tasks and of snapshots) say that rows repeat; else as they are.
+
+    Forwarding makes them repeat: a daemon converting a backlog while ``since`` trails the
+    upper gives every update of a row older than the frontier the same time. In the peers
+    benchmark's churn cell (5,000 keys) a decode task's 10^5 or more updates come to a
+    few thousand rows. Summed here, they cost the runs' codec, the scratch space and the
+    write task's sort once per row instead of once per update. Rows of equal prefix are
+    neighbours, so a row that repeats shows as a pair of equal prefix and time; where few
+    pairs are equal the probe is all this costs. Summing needs the full batch order (an
+    Arrow sort of the task's rows, which are ordered by prefix already) and is left to the
+    write tasks for float rows, and where sums could leave int64
+    (:func:`lamina.consolidate.sum_adjacent`). The write tasks consolidate again, which sums
+    these partial sums as it would have summed their updates."""
+    n = past.num_rows
+    if n < 2 or any(pa.types.is_floating(ctx.update_schema.field(c).type)
+                    for c in ctx.row_columns):
+        return past
+    prefix = columns.numpy(past.column(ctx.prefix))
+    times = columns.numpy(past.column(TIME))
+    probe = neighbour_pairs(n)
+    if not worth_summing((prefix[probe] != prefix[probe + 1])
+                         | (times[probe] != times[probe + 1])):
+        return past
+    summed = sum_adjacent(past.take(pc.sort_indices(past, sort_keys=ctx.sort_keys)),
+                          [*ctx.row_columns, TIME])
+    if summed is None:
+        return past
+    return pa.Table.from_arrays(summed.columns, schema=past.schema)  # as the other runs
+
+
 def decoder(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
                                           Iterator[pa.RecordBatch]]:
     """The decode job's task function (``mapInArrow``, :data:`~.wire.RUN_DDL` rows)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for gid in task_ids(batches):
             past, future, decoded = prepared(gid, ctx, stable=not ctx.distinct_keys)
+            past = summed_repeats(past, ctx)
             past_run = future_run = None
             if past.num_rows:
                 past_run = write_run(ctx.store, f"{ctx.scratch}/run-{gid:05d}.arrow", past,
