@@ -65,11 +65,11 @@ def split(table: pa.Table, ctx: StepContext, *, stable: bool = True
 
     Each side is gathered once, in its final order: the prefix is computed over all the
     updates, and the order of each side is found on numpy index arrays, so no column is
-    copied by a filter and again by a sort (for a decode task of the conversion benchmark
-    that was a copy of every row, a fifth of the task's CPU). ``stable`` keeps rows of
-    equal prefix (or bucket) in WAL order (a timsort); otherwise they come in any order
-    (introsort, :func:`lamina.trace.order.by_lead`), for rows whose full keys order them
-    later."""
+    copied by a filter and again by a sort (in the conversion benchmark, a copy of 95% of
+    every decode task's rows: docs/performance.md, "One gather per side"). ``stable``
+    keeps rows of equal prefix (or bucket) in WAL order (a timsort); otherwise they come
+    in any order (introsort, :func:`lamina.trace.order.by_lead`), for rows whose full
+    keys order them later."""
     kind: Literal["stable", "quicksort"] = "stable" if stable else "quicksort"
     prefix = order_prefix(table.column(ctx.sort_columns[0])).to_numpy()
     is_future: np.ndarray | None = None
