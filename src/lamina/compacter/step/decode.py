@@ -128,10 +128,10 @@ def summed_repeats(past: pa.Table, ctx: StepContext) -> pa.Table:
     benchmark's churn cell (5,000 keys) a decode task's 10^5 or more updates come to a
     few thousand rows. Summed here, they cost the runs' codec, the scratch space and the
     write task's sort once per row instead of once per update. Rows of equal prefix are
-    neighbours, so a row that repeats shows as a pair of equal prefix and time; where few
-    pairs are equal the probe is all this costs. Summing needs the full batch order (an
-    Arrow sort of the task's rows, which are ordered by prefix already) and is left to the
-    write tasks for float rows, and where sums could leave int64
+    neighbours, so a row that repeats shows as a pair of equal prefix, time and row
+    columns; where few pairs are equal the probe is all this costs. Summing needs the full
+    batch order (an Arrow sort of the task's rows, which are ordered by prefix already)
+    and is left to the write tasks for float rows, and where sums could leave int64
     (:func:`lamina.consolidate.sum_adjacent`). The write tasks consolidate again, which sums
     these partial sums as it would have summed their updates."""
     n = past.num_rows
@@ -141,9 +141,19 @@ def summed_repeats(past: pa.Table, ctx: StepContext) -> pa.Table:
     prefix = columns.numpy(past.column(ctx.prefix))
     times = columns.numpy(past.column(TIME))
     probe = neighbour_pairs(n)
-    if not worth_summing((prefix[probe] != prefix[probe + 1])
-                         | (times[probe] != times[probe + 1])):
+    differ = (prefix[probe] != prefix[probe + 1]) | (times[probe] != times[probe + 1])
+    if not worth_summing(differ):
         return past
+    # rows may share a prefix and a time and still differ (a prefix is a string's first
+    # 7 bytes; a first column of few values): compare the sampled pairs' whole rows
+    # before paying for the sort
+    for name in ctx.row_columns:
+        column = past.column(name)
+        a, b = column.take(probe), column.take(probe + 1)
+        same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
+        differ |= ~columns.numpy(pc.fill_null(same, False))
+        if not worth_summing(differ):
+            return past
     summed = sum_adjacent(past.take(pc.sort_indices(past, sort_keys=ctx.sort_keys)),
                           [*ctx.row_columns, TIME])
     if summed is None:
