@@ -179,6 +179,16 @@ def _changes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return columns.numpy(ne)
 
 
+def neighbour_changes(table: pa.Table, group_columns: Sequence[str]) -> np.ndarray:
+    """For each row after the first: whether it differs from the row before in any of
+    ``group_columns`` (nulls equal nulls). In sorted rows, the starts of the runs of equal
+    rows."""
+    changes = np.zeros(max(0, table.num_rows - 1), dtype=bool)
+    for name in group_columns:
+        changes |= _changes(table.column(name))
+    return changes
+
+
 def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | None:
     """Consolidate a table whose rows equal in ``group_columns`` are adjacent (sorted
     input): the first row of every run of equal rows with the run's diff sum, zero sums
@@ -198,10 +208,8 @@ def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | No
     if not _int64_sums_exact(column):
         return None
     diffs = columns.numpy(column)
-    starts_mask = np.zeros(n, dtype=bool)
-    starts_mask[0] = True
-    for name in group_columns:
-        starts_mask[1:] |= _changes(table.column(name))
+    starts_mask = np.ones(n, dtype=bool)
+    starts_mask[1:] = neighbour_changes(table, group_columns)
     starts = np.flatnonzero(starts_mask)
     sums = np.add.reduceat(diffs, starts)
     keep = sums != 0

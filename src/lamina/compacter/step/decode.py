@@ -34,7 +34,7 @@ from lamina.compacter.step.failures import guarded
 from lamina.compacter.step.runs import bucket_runs, run_batch_rows, write_run
 from lamina.compacter.step.wire import RUN_FIELDS, Decoded, batch_of, task_ids
 from lamina.compacter.step.work import WalRange, WorkItem
-from lamina.consolidate import forward, sum_adjacent
+from lamina.consolidate import forward, neighbour_changes, sum_adjacent
 from lamina.packed import neighbour_pairs, worth_summing
 from lamina.schema import TIME
 from lamina.trace.batch import read_part
@@ -118,42 +118,61 @@ def prepared(gid: int, ctx: StepContext, *, stable: bool = True
     return past, future, decoded.num_rows
 
 
+PROBE_SLICES = 4
+PROBE_SLICE_ROWS = 1024
+""":func:`summed_repeats` sorts this many slices of this many neighbouring rows to see
+how often the task's rows repeat."""
+
+
+def _repeats(past: pa.Table, ctx: StepContext) -> bool:
+    """Whether a decode task's rows (ordered by prefix) repeat often enough to be summed
+    (:func:`lamina.packed.worth_summing`). First 4,096 neighbour pairs: a repeated row
+    shows as a pair of equal prefix and time, and where few are, that is all this costs.
+    Equal prefix and time is not yet a repeat, though (a prefix is a string's first 7
+    bytes; a key churning through values has many rows at the forwarded time, which
+    cancel in pairs but seldom sit next to each other), so then a few slices of
+    neighbouring rows are sorted by the full key and their neighbours compared whole.
+    Rows are ordered by prefix, so a slice holds whole prefixes and repeats as the task's
+    rows do; a prefix with more rows than a slice is only sampled, which undercounts its
+    repeats (a sum missed, never a wrong one)."""
+    n = past.num_rows
+    prefix = columns.numpy(past.column(ctx.prefix))
+    times = columns.numpy(past.column(TIME))
+    probe = neighbour_pairs(n)
+    if not worth_summing((prefix[probe] != prefix[probe + 1])
+                         | (times[probe] != times[probe + 1])):
+        return False
+    size = min(n, PROBE_SLICE_ROWS)
+    changes = []
+    for start in sorted({int(s) for s in np.linspace(0, n - size, PROBE_SLICES)}):
+        piece = past.slice(start, size)
+        piece = piece.take(pc.sort_indices(piece, sort_keys=ctx.sort_keys))
+        changes.append(neighbour_changes(piece, [*ctx.row_columns, TIME]))
+    return worth_summing(np.concatenate(changes))
+
+
 def summed_repeats(past: pa.Table, ctx: StepContext) -> pa.Table:
     """A decode task's batch rows (ordered by prefix), with the updates of a row at one time
-    summed into one update where sampled neighbour pairs (:func:`lamina.packed.worth_summing`,
-    the rule of the merge tasks and of snapshots) say that rows repeat; else as they are.
+    summed into one update where a sample says that rows repeat (:func:`_repeats`, by
+    :func:`lamina.packed.worth_summing`, the rule of the merge tasks and of snapshots);
+    else as they are.
 
     Forwarding makes them repeat: a daemon converting a backlog while ``since`` trails the
     upper gives every update of a row older than the frontier the same time. In the peers
     benchmark's churn cell (5,000 keys) a decode task's 10^5 or more updates come to a
     few thousand rows. Summed here, they cost the runs' codec, the scratch space and the
     write task's sort once per row instead of once per update. Rows of equal prefix are
-    neighbours, so a row that repeats shows as a pair of equal prefix, time and row
-    columns; where few pairs are equal the probe is all this costs. Summing needs the full
-    batch order (an Arrow sort of the task's rows, which are ordered by prefix already)
-    and is left to the write tasks for float rows, and where sums could leave int64
+    neighbours, so a sample tells how often rows repeat (:func:`_repeats`); where they do
+    not, the sample is all this costs. Summing needs the full batch order (an Arrow sort
+    of the task's rows, which are ordered by prefix already) and is left to the write
+    tasks for float rows, and where sums could leave int64
     (:func:`lamina.consolidate.sum_adjacent`). The write tasks consolidate again, which sums
     these partial sums as it would have summed their updates."""
-    n = past.num_rows
-    if n < 2 or any(pa.types.is_floating(ctx.update_schema.field(c).type)
-                    for c in ctx.row_columns):
+    if past.num_rows < 2 or any(pa.types.is_floating(ctx.update_schema.field(c).type)
+                                for c in ctx.row_columns):
         return past
-    prefix = columns.numpy(past.column(ctx.prefix))
-    times = columns.numpy(past.column(TIME))
-    probe = neighbour_pairs(n)
-    differ = (prefix[probe] != prefix[probe + 1]) | (times[probe] != times[probe + 1])
-    if not worth_summing(differ):
+    if not _repeats(past, ctx):
         return past
-    # rows may share a prefix and a time and still differ (a prefix is a string's first
-    # 7 bytes; a first column of few values): compare the sampled pairs' whole rows
-    # before paying for the sort
-    for name in ctx.row_columns:
-        column = past.column(name)
-        a, b = column.take(probe), column.take(probe + 1)
-        same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
-        differ |= ~columns.numpy(pc.fill_null(same, False))
-        if not worth_summing(differ):
-            return past
     summed = sum_adjacent(past.take(pc.sort_indices(past, sort_keys=ctx.sort_keys)),
                           [*ctx.row_columns, TIME])
     if summed is None:
