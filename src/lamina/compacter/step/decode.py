@@ -158,10 +158,11 @@ def summed_repeats(past: pa.Table, ctx: StepContext) -> pa.Table:
     else as they are.
 
     Forwarding makes them repeat: a daemon converting a backlog while ``since`` trails the
-    upper gives every update of a row older than the frontier the same time. In the peers
-    benchmark's churn cell (5,000 keys) a decode task's 10^5 or more updates come to a
-    few thousand rows. Summed here, they cost the runs' codec, the scratch space and the
-    write task's sort once per row instead of once per update. Rows of equal prefix are
+    upper gives every update of a row older than the frontier the same time, and a key's
+    updates that replaced one another cancel there. Summed here, they cost the runs'
+    codec, the scratch space and the write task's sort once per row instead of once per
+    update: in the peers benchmark's churn cell the daemon wrote 37% fewer bytes
+    (docs/performance.md, "Decode tasks sum what forwarding repeats"). Rows of equal prefix are
     neighbours, so a sample tells how often rows repeat (:func:`_repeats`); where they do
     not, the sample is all this costs. Summing needs the full batch order (an Arrow sort
     of the task's rows, which are ordered by prefix already) and is left to the write

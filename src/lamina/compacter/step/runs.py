@@ -115,8 +115,8 @@ def write_run(store: ObjectStore, key: str, table: pa.Table, lead: str,
     :func:`read_run`): a Spark Python worker's Arrow pool has one thread (PySpark sets
     ``OMP_NUM_THREADS`` to ``spark.task.cpus``, which sizes it), so handing buffers to it
     only adds hand-offs, and the other core is busy with another task. The 10M-update
-    conversion took 3.55 to 3.70 s against 3.81 to 3.86 s (docs/performance.md, "The
-    conversion, 2026-11-28")."""
+    conversion took 3.55 to 3.70 s against 3.81 to 3.86 s (docs/performance.md, "One
+    gather per side, and codecs on the task's thread")."""
     table = table.combine_chunks()
     values = table.column(lead).to_numpy()
     spans = []
