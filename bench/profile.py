@@ -320,7 +320,7 @@ def encodings(runs: int) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from lamina.trace.batch import ROW_GROUP_ROWS, wants_dictionary
+    from lamina.trace.batch import ROW_GROUP_ROWS, parquet_options, wants_dictionary
 
     rng = np.random.default_rng(1)
     n = 2_000_000
@@ -337,10 +337,8 @@ def encodings(runs: int) -> None:
 
     def measure(column: pa.Array, dictionary: bool) -> tuple[float, float, int]:
         table = pa.table({"id": ids, "c": column})
-        options = {"compression": "zstd", "compression_level": 1,
-                   "use_dictionary": ["c"] if dictionary else False,
-                   "column_encoding": {"id": "DELTA_BINARY_PACKED"},
-                   "write_statistics": True, "write_page_checksum": True}
+        options = parquet_options(table.schema)  # as parts are written, the choice forced
+        options["use_dictionary"] = ["c"] if dictionary else False
         write, read, size = [], [], 0
         for _ in range(runs):
             sink = io.BytesIO()

@@ -238,24 +238,30 @@ def _run_starts(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 SUM_FIRST_BELOW = 0.75
-"""A sorted run whose sampled neighbour pairs (:func:`neighbour_pairs`) differ less often
-than this is summed over its runs of equal rows before a merge sorts it
-(:func:`worth_summing`): here (:func:`_sum_sorted`), in the Spark merge tasks
+"""A sorted run whose sampled neighbour pairs differ less often than this is summed over
+its runs of equal rows before a merge sorts it (:func:`worth_summing`,
+:func:`repeats_often`): here (:func:`_sum_sorted`), in the Spark merge tasks
 (:func:`lamina.compacter.step.merge.forwarded_run`) and in a conversion's decode tasks
 (:func:`lamina.compacter.step.decode.summed_repeats`)."""
 _PROBES = 4096
-
-
-def neighbour_pairs(n: int) -> np.ndarray[Any, Any]:
-    """The first rows of about ``_PROBES`` neighbour pairs spread over ``n`` (at least 2)
-    sorted rows."""
-    return np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
 
 
 def worth_summing(differ: np.ndarray[Any, Any]) -> bool:
     """Whether a sorted run is worth summing before a merge's sort, given whether each of
     its sampled neighbour pairs differs (:data:`SUM_FIRST_BELOW`)."""
     return bool(np.count_nonzero(differ) < SUM_FIRST_BELOW * len(differ))
+
+
+def repeats_often(*keys: np.ndarray[Any, Any]) -> bool:
+    """:func:`worth_summing` of about ``_PROBES`` neighbour pairs spread over sorted rows
+    given by their key columns (numpy arrays of one length, at least 2): a pair differs
+    where any column does."""
+    n = len(keys[0])
+    probe = np.arange(0, n - 1, max(1, (n - 1) // _PROBES))
+    differ = np.zeros(len(probe), dtype=bool)
+    for key in keys:
+        differ |= key[probe] != key[probe + 1]
+    return worth_summing(differ)
 
 
 def _sum_sorted(keys: np.ndarray[Any, Any],
@@ -270,8 +276,7 @@ def _sum_sorted(keys: np.ndarray[Any, Any],
     run of mostly distinct rows (``10m-k200-50k``: 83%) costs no pass at all."""
     if len(keys) < 2:
         return keys, diffs
-    probe = neighbour_pairs(len(keys))
-    if not worth_summing(keys[probe] != keys[probe + 1]):
+    if not repeats_often(keys):
         return keys, diffs
     starts = np.flatnonzero(_run_starts(keys))
     return keys[starts], np.add.reduceat(diffs, starts)

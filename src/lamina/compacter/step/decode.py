@@ -35,7 +35,7 @@ from lamina.compacter.step.runs import bucket_runs, run_batch_rows, write_run
 from lamina.compacter.step.wire import RUN_FIELDS, Decoded, batch_of, task_ids
 from lamina.compacter.step.work import WalRange, WorkItem
 from lamina.consolidate import forward, neighbour_changes, sum_adjacent
-from lamina.packed import neighbour_pairs, worth_summing
+from lamina.packed import repeats_often, worth_summing
 from lamina.schema import TIME
 from lamina.trace.batch import read_part
 from lamina.trace.order import order_prefix
@@ -126,8 +126,9 @@ how often the task's rows repeat."""
 
 def _repeats(past: pa.Table, ctx: StepContext) -> bool:
     """Whether a decode task's rows (ordered by prefix) repeat often enough to be summed
-    (:func:`lamina.packed.worth_summing`). First 4,096 neighbour pairs: a repeated row
-    shows as a pair of equal prefix and time, and where few are, that is all this costs.
+    (:func:`lamina.packed.worth_summing`). First 4,096 neighbour pairs
+    (:func:`lamina.packed.repeats_often`): a repeated row shows as a pair of equal prefix
+    and time, and where few are, that is all this costs.
     Equal prefix and time is not yet a repeat, though (a prefix is a string's first 7
     bytes; a key churning through values has many rows at the forwarded time, which
     cancel in pairs but seldom sit next to each other), so then a few slices of
@@ -135,13 +136,10 @@ def _repeats(past: pa.Table, ctx: StepContext) -> bool:
     Rows are ordered by prefix, so a slice holds whole prefixes and repeats as the task's
     rows do; a prefix with more rows than a slice is only sampled, which undercounts its
     repeats (a sum missed, never a wrong one)."""
-    n = past.num_rows
-    prefix = columns.numpy(past.column(ctx.prefix))
-    times = columns.numpy(past.column(TIME))
-    probe = neighbour_pairs(n)
-    if not worth_summing((prefix[probe] != prefix[probe + 1])
-                         | (times[probe] != times[probe + 1])):
+    if not repeats_often(columns.numpy(past.column(ctx.prefix)),
+                         columns.numpy(past.column(TIME))):
         return False
+    n = past.num_rows
     size = min(n, PROBE_SLICE_ROWS)
     changes = []
     for start in sorted({int(s) for s in np.linspace(0, n - size, PROBE_SLICES)}):

@@ -62,7 +62,7 @@ from lamina.consolidate import INT64_MAX, INT64_MIN, forward, sum_adjacent
 from lamina.errors import CorruptionError
 from lamina.layout import TraceLayout
 from lamina.objstore.base import ObjectStore
-from lamina.packed import neighbour_pairs, worth_summing
+from lamina.packed import repeats_often
 from lamina.schema import TIME
 from lamina.trace.batch import OpenPart, PartFile
 from lamina.trace.order import order_prefix
@@ -295,7 +295,7 @@ def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
     forwarded to it, which keeps them sorted. Forwarding is what makes rows of a batch
     equal: every update of a row older than the frontier gets the same time. Where that
     leaves few of the run's rows distinct (sampled neighbour pairs of equal prefix and
-    time, by :func:`lamina.packed.worth_summing`, the rule a snapshot's merge follows too),
+    time, by :func:`lamina.packed.repeats_often`, the rule a snapshot's merge follows too),
     the run is summed here, one comparison pass, so that the chunk's sort, gather and
     consolidation see each such row once: in ``bench.merge`` the left parent, 5M updates
     of 1M rows all below the frontier, comes to a fifth of its rows (docs/performance.md,
@@ -305,16 +305,11 @@ def forwarded_run(run: pa.Table, ctx: StepContext) -> pa.Table:
         return run  # nothing forwarded: the run is as consolidated as its batch
     schema = run.schema  # the inputs' fields, which concatenating the pieces needs
     run = forward(run, since)
-    n = run.num_rows
-    if n > 1:
-        prefix = run.column(ctx.prefix).to_numpy()
-        times = run.column(TIME).to_numpy()
-        probe = neighbour_pairs(n)
-        if worth_summing((prefix[probe] != prefix[probe + 1])
-                         | (times[probe] != times[probe + 1])):
-            summed = sum_adjacent(run, [*ctx.row_columns, TIME])
-            if summed is not None:  # None: float rows or sums that could leave int64,
-                run = summed        # left to the chunk's consolidation
+    if run.num_rows > 1 and repeats_often(run.column(ctx.prefix).to_numpy(),
+                                          run.column(TIME).to_numpy()):
+        summed = sum_adjacent(run, [*ctx.row_columns, TIME])
+        if summed is not None:  # None: float rows or sums that could leave int64,
+            run = summed        # left to the chunk's consolidation
     return pa.Table.from_arrays(run.columns, schema=schema)
 
 
