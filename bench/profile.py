@@ -5,6 +5,7 @@
     .venv/bin/python -m bench.profile sums [--scale 1.0]
     .venv/bin/python -m bench.profile encodings [--runs 3]
     .venv/bin/python -m bench.profile wal [--runs 300]
+    .venv/bin/python -m bench.profile syncs [--runs 5]
     .venv/bin/python -m bench.profile timeline [--step convert|merge] [--scale 1.0] [--runs 2]
     .venv/bin/python -m bench.profile pertask [--runs 5] [--conf K=V ...]
     .venv/bin/python -m bench.profile reads --store DIR [--relation peers] [--cell CELL]
@@ -56,6 +57,15 @@ piece of an append's work before it (the CRC32C pass over the table's buffers; t
 and time checks; checks and encoding written inline, the least an append can do in Python
 with this record format; ``Relation.append`` itself), each in blocks of 20 appends taking
 turns, ``--runs`` blocks: what each piece costs where it runs, between two syncs.
+
+``syncs`` asks the disk under bench/.cache how it takes a durable append of 4 KiB, 64 KiB
+and 520 KB (the WAL benchmark's record), four ways taking turns, ``--runs`` rounds of 400
+appends (at most 64 MiB) each: ``pwrite`` at the end of a fresh file + ``fdatasync`` (what
+raw and the WAL do); ``pwritev`` with ``RWF_DSYNC`` (the write and the sync in one call);
+``pwrite`` + ``fdatasync`` over a file zeroed beforehand (untimed; PostgreSQL's
+``wal_init_zero``: no size change for the journal to commit); and the same with another
+file of that size zeroed on a second thread meanwhile (the cost of having the next segment
+ready). It prints the median milliseconds per append and each way's ratio to the first.
 """
 
 from __future__ import annotations
@@ -494,6 +504,65 @@ def _wal_cadence(rel: Any, fd: int, encoder: Any, batches: list[pa.Table], block
     return {name: (wall[name] / n / 1e6, cpu[name] / n / 1e6) for name in sides}
 
 
+def _zeroed(path: Path, size: int) -> None:
+    """``path`` as ``size`` zero bytes, synced."""
+    import os
+
+    zeros = bytes(1 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for off in range(0, size, len(zeros)):
+            os.write(fd, zeros[:min(len(zeros), size - off)])
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def syncs(runs: int) -> None:
+    """The durable-append probe of the module docstring."""
+    import os
+    import threading
+
+    ways = ("append + fdatasync", "pwritev RWF_DSYNC", "pre-zeroed + fdatasync",
+            "pre-zeroed, next zeroed alongside")
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        for size in (4096, 65536, 520_000):
+            record = os.urandom(size)
+            n = min(400, (64 << 20) // size)
+            ms: dict[str, list[float]] = {w: [] for w in ways}
+            for r in range(runs):
+                for way in ways[r % 2:] + ways[:r % 2]:  # another order each round
+                    path, spare = Path(tmp) / "file", Path(tmp) / "spare"
+                    zeroing = None
+                    if way.startswith("pre-zeroed"):
+                        _zeroed(path, n * size)
+                    if way == "pre-zeroed, next zeroed alongside":
+                        zeroing = threading.Thread(target=_zeroed, args=(spare, n * size))
+                    flags = os.O_WRONLY | (0 if way.startswith("pre") else os.O_CREAT | os.O_TRUNC)
+                    fd = os.open(path, flags, 0o644)
+                    started = time.perf_counter()
+                    if zeroing is not None:
+                        zeroing.start()
+                    for i in range(n):
+                        if way == "pwritev RWF_DSYNC":
+                            os.pwritev(fd, [record], i * size, os.RWF_DSYNC)
+                        else:
+                            os.pwrite(fd, record, i * size)
+                            os.fdatasync(fd)
+                    if zeroing is not None:
+                        zeroing.join()
+                    ms[way].append((time.perf_counter() - started) / n * 1e3)
+                    os.close(fd)
+                    path.unlink()
+                    spare.unlink(missing_ok=True)
+            base = sorted(ms[ways[0]])[runs // 2]
+            print(f"{size:,}-byte appends, {n} per round, {runs} rounds: median ms per append "
+                  "(ratio to the first way)")
+            for way in ways:
+                median = sorted(ms[way])[runs // 2]
+                print(f"  {way:36s} {median:.3f}  ({base / median:.2f}x)")
+
+
 def _read_child(store: str, relation: str, cell: str | None) -> None:
     """One fresh process's reads (see ``reads``), as one JSON line on stdout."""
     import resource
@@ -551,7 +620,7 @@ def reads(store: str, relation: str, cell: str | None, runs: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile",
                                      description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "encodings", "wal",
+    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "encodings", "wal", "syncs",
                                          "timeline", "pertask", "reads", "_read_child"))
     parser.add_argument("--step", choices=("convert", "merge"), default="convert")
     parser.add_argument("--scale", type=float, default=1.0)
@@ -584,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         timeline(args.step, args.scale, args.runs)
     elif args.mode == "pertask":
         pertask(args.conf, max(args.runs, 3))
+    elif args.mode == "syncs":
+        syncs(max(args.runs, 1))
     else:
         wal(max(args.runs, 10))
     return 0

@@ -31,6 +31,18 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:results -->", "<!-- /bench:results -->"
 
 
+def round_ratios(lamina: dict[str, Any], base: dict[str, Any]) -> str:
+    """The spread of lamina's speed-up over the rounds of a run, each round's contenders
+    paired (they ran back to back): " (rounds LOW to HIGH)", or nothing for one round. The
+    machine drifts by a tenth within minutes (docs/performance.md), so the ratio of the
+    medians alone can hide how far one rerun may land from it."""
+    pairs = [b / a for a, b in zip(lamina.get("seconds", []), base.get("seconds", []),
+                                   strict=False) if a > 0]
+    if len(pairs) < 2:
+        return ""
+    return f" (rounds {min(pairs):.2f} to {max(pairs):.2f})"
+
+
 def arguments(name: str, scale: float, rounds: int, verify: bool) -> list[str]:
     if name == "wal_append":
         return ["--seconds", "10"]
@@ -99,7 +111,8 @@ def table() -> str:
         for base, r in doc["ratios"].items():
             row(label, f"updates/s vs {base} (median of {doc['rounds']})",
                 _n(c["lamina"]["updates_per_s"]), _n(c[base]["updates_per_s"]),
-                f"{r['ratio']}", f">= {r['target']}", _ok(r["met"]))
+                f"{r['ratio']}{round_ratios(c['lamina'], c[base])}", f">= {r['target']}",
+                _ok(r["met"]))
         source(doc)
     if (doc := _load("amplification")) is not None:
         a, t = doc["amplification"], doc["trace_size"]

@@ -60,3 +60,11 @@ def test_every_peers_cell_passed_the_correctness_gate() -> None:
         finished = [s for s in cell["contenders"].values() if s["finished"]]
         assert finished, name
         assert all(s["checksums"] == [cell["expected"]["checksum"]] for s in finished), name
+
+
+def test_round_ratios_pair_the_contenders_of_each_round() -> None:
+    """The spread shown next to a ratio of medians pairs each round's two contenders (they
+    ran back to back), not the fastest of one with the slowest of the other."""
+    lamina, base = {"seconds": [2.0, 4.0, 3.0]}, {"seconds": [3.0, 5.0, 6.0]}
+    assert run.round_ratios(lamina, base) == " (rounds 1.25 to 2.00)"
+    assert run.round_ratios({"seconds": [2.0]}, {"seconds": [3.0]}) == ""
