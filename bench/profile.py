@@ -35,7 +35,8 @@ best of ``--runs`` CPU seconds to write and to read the column back, the bytes, 
 first task started and its last ended, the tasks' wall and CPU seconds and the slot-seconds
 no task ran. ``pertask`` measures what a task costs beyond its work (jobs of 32 tasks
 that only read their input: job wall, input wait, gap between tasks, worker CPU), as
-PySpark runs tasks and after ``gc.freeze()``; ``--conf K=V`` overrides the session's
+PySpark's ``mapInArrow`` runs tasks, after ``gc.freeze()``, and as the driver runs a step's
+jobs (``_run_tasks``); ``--conf K=V`` overrides the session's
 configuration.
 
 ``reads`` starts ``--runs`` fresh processes that each read the latest snapshot of
@@ -274,31 +275,40 @@ def _trivial_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
 
 def pertask(confs: list[str], jobs: int) -> None:
     """What a Spark task of lamina's kind costs beyond its work: ``jobs`` jobs of 32 tasks
-    that only read their one-row input (``spark.range(32, numPartitions=32)``, as a
-    step's jobs run), first as PySpark runs any task, then through the driver's
-    ``_gc_frozen``; per phase the median job wall, the median time a task waited for its
-    input, the median gap between two tasks of one worker and the worker CPU per task.
+    that only read their one-row input (``spark.range(32, numPartitions=32)``), first
+    through ``mapInArrow`` as PySpark runs any task, then after the driver's
+    ``_gc_frozen``, then as a step's jobs run (the driver's ``_run_tasks``: an RDD of 32
+    partitions, each task frozen); per phase the median job wall, the median time a task
+    waited for its input, the median gap between two tasks of one worker and the worker CPU
+    per task.
     ``--conf K=V`` overrides the session's configuration (e.g.
     ``spark.python.unix.domain.socket.enabled=false``, TCP)."""
     import statistics
 
     from lamina.compacter.spark import build_session
-    from lamina.compacter.step.driver import _gc_frozen
+    from lamina.compacter.step.driver import _gc_frozen, _run_tasks
 
     conf = dict(c.split("=", 1) for c in confs)
     spark = build_session("local[*]", app_name="bench-profile", conf=conf)
     ddl = "pid long, start double, got double, end double, cpu double, rows long"
     spark.range(0, 4, 1, 4).mapInArrow(_trivial_task, ddl).collect()  # start the workers
+
+    def arrow(fn: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+              ) -> Callable[[], list[Any]]:
+        return lambda: spark.range(0, 32, 1, 32).mapInArrow(fn, ddl).collect()
+
     print(f"{jobs} jobs of 32 trivial tasks per phase; conf overrides {conf or 'none'}")
-    for phase, fn in (("as PySpark runs them", _trivial_task),
-                      ("after gc.freeze() (_gc_frozen)", _gc_frozen(_trivial_task))):
+    for phase, job in (("mapInArrow, as PySpark runs it", arrow(_trivial_task)),
+                       ("mapInArrow after gc.freeze()", arrow(_gc_frozen(_trivial_task))),
+                       ("the driver's _run_tasks (RDD)",
+                        lambda: _run_tasks(spark, 32, _trivial_task, ddl, lambda: None))):
         walls: list[float] = []
         waits: list[float] = []
         gaps: list[float] = []
         cpus: list[float] = []
         for _ in range(jobs):
             started = time.perf_counter()
-            rows = spark.range(0, 32, 1, 32).mapInArrow(fn, ddl).collect()
+            rows = job()
             walls.append(time.perf_counter() - started)
             waits += [r.got - r.start for r in rows]
             by_worker: dict[int, list[Any]] = collections.defaultdict(list)

@@ -138,8 +138,9 @@ def write_properties() -> None:
 
 
 # What the dumping driver runs: a session started as the daemon starts it, and jobs of the
-# shapes the compacter and the readers run (Arrow batches through Python workers, a
-# group-by, a DataFrame from Arrow), so that their classes are in the archive.
+# shapes the compacter and the readers run (the compacter's RDD of one id per partition,
+# Arrow batches through Python workers, a group-by, a DataFrame from Arrow), so that their
+# classes are in the archive.
 _DUMP = """
 import sys
 import pyarrow as pa
@@ -152,6 +153,7 @@ def same(batches):
 for _ in range(3):
     df.mapInArrow(same, df.schema).groupBy("k").count().collect()
 spark.createDataFrame(pa.table({"a": pa.array(range(1000), pa.int64())})).count()
+spark.sparkContext.parallelize(range(4), 4).mapPartitions(lambda ids: [sum(ids)]).collect()
 spark.stop()
 """
 

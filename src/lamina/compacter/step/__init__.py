@@ -9,8 +9,8 @@ and in order, to the in-process reference executor :mod:`lamina.compacter.execut
 tests compare the two.
 
 Spark schedules the tasks, retries them, places them on executors and cancels them; the
-rows never enter the JVM. A step is two Spark jobs of Python tasks (``mapInArrow`` over
-``spark.range(n, numPartitions=n)``, one task per id, only metadata collected), and the
+rows never enter the JVM. A step is two Spark jobs of Python tasks (an RDD of ``n``
+partitions of one id each, only metadata collected: :mod:`~lamina.compacter.step.wire`), and the
 decode tasks hand the write tasks their rows as Arrow files in the trace directory, which
 every executor sees already (tasks read WAL segments and write parts there)::
 

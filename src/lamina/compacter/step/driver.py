@@ -100,8 +100,25 @@ def _run_tasks(spark: Any, n: int, fn: TaskFn, ddl: str, check: Callable[[], Non
                ) -> list[Any]:
     """Run ``fn`` in ``n`` tasks, task ``i`` receiving the id ``i``; the rows they yield."""
     check()
-    rows: list[Any] = spark.range(0, n, 1, n).mapInArrow(_gc_frozen(fn), ddl).collect()
+    task = _rdd_task(_gc_frozen(fn), [f.split()[0] for f in ddl.split(",")])
+    rows: list[Any] = spark.sparkContext.parallelize(range(n), n).mapPartitions(task).collect()
     return rows
+
+
+def _rdd_task(fn: TaskFn, names: list[str]) -> Callable[[Iterator[int]], Iterator[Any]]:
+    """``fn`` as an RDD partition function: its ids as the one-column Arrow batch
+    ``spark.range`` would give it, the rows it yields as pyspark Rows of ``names``."""
+    def task(ids: Iterator[int]) -> Iterator[Any]:
+        from pyspark.sql import Row
+
+        batch = pa.RecordBatch.from_pydict({"id": pa.array(list(ids), pa.int64())})
+        for out in fn(iter([batch])):
+            if out.schema.names != names:
+                raise ValueError(f"a task returned columns {out.schema.names}, "
+                                 f"the job expects {names}")
+            for row in out.to_pylist():
+                yield Row(**row)
+    return task
 
 
 def _gc_frozen(fn: TaskFn) -> TaskFn:

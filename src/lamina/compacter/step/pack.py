@@ -1,6 +1,6 @@
 """Packs: the small steps of many relations as the tasks of one Spark job.
 
-A *pack* is one ``mapInArrow`` job over ``spark.range(n, numPartitions=n)``: task ``i``
+A *pack* is one job of ``n`` tasks (:mod:`lamina.compacter.step.wire`): task ``i``
 carries out the steps of group ``i`` (:func:`task_groups`), each whole, as the single task
 of a small step does (:func:`lamina.compacter.step.write.single_written`: decode, sort,
 consolidate, write), for whatever relation each step belongs to. Spark places and runs the

@@ -1,9 +1,11 @@
 """The driver<->task wire format: what tasks receive from and return to the driver.
 
-Every job runs ``mapInArrow`` over ``spark.range(n, numPartitions=n)``: a task receives
-the ids of its rows (:func:`task_ids`, one id per task here), finds its work in the
+Every job runs ``n`` tasks, one id each (``parallelize(range(n), n)``, through
+``lamina.compacter.step.driver._run_tasks``): a task function receives its id as a one-column
+Arrow batch, as ``spark.range`` would give it (:func:`task_ids`), finds its work in the
 pickled :class:`~lamina.compacter.step.context.StepContext` by that id, and returns
-metadata only, as rows of a fixed Spark schema; the rows never enter the JVM.
+metadata only, as Arrow batches of a fixed schema (a ``*_DDL`` names its columns) that
+reach the driver as pyspark Rows; the rows never enter the JVM.
 
 - Decode tasks return one row per group (:data:`RUN_DDL`): the group id, a
   :class:`Decoded` record as JSON (its runs, the future rows' bucket ranges, how many
@@ -44,7 +46,7 @@ RUN_DDL = "group bigint, info string, sample binary"
 
 
 def task_ids(batches: Iterator[pa.RecordBatch]) -> Iterator[int]:
-    """The ids of ``spark.range`` rows a task received (one per task here)."""
+    """The ids a task received (one per task here)."""
     for rb in batches:
         yield from rb.column(0).to_pylist()
 
