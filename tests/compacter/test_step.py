@@ -27,6 +27,7 @@ from lamina.compacter.spark import JobCancelledError, JobTags, check_cancelled
 from lamina.compacter.step.context import StepContext
 from lamina.compacter.step.decode import prepared, split, summed_repeats
 from lamina.compacter.step.driver import (
+    _rdd_task,
     conversion_spec,
     single_context,
     spark_convert,
@@ -612,6 +613,24 @@ def _heap_report(batches: Any) -> Any:
             {"frozen": [gc.get_freeze_count()] * batch.num_rows,
              "cycle_freed": [ref() is None] * batch.num_rows,
              "unix_socket": [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED")] * batch.num_rows})
+
+
+def test_rdd_tasks_get_their_ids_as_a_batch_and_return_the_jobs_columns() -> None:
+    """A step's task function runs as an RDD partition function (the driver's
+    ``_rdd_task``): it receives its ids as a one-column int64 batch, as ``spark.range``
+    gave them, its rows reach the driver as pyspark Rows (by name and as attributes), and
+    a task that returns other columns than the job's fails, naming both."""
+    def echo(batches: Any) -> Any:
+        for b in batches:
+            assert b.schema == pa.schema([("id", pa.int64())])
+            ids = b.column(0).to_pylist()
+            yield pa.RecordBatch.from_pydict({"id": ids, "twice": [2 * i for i in ids]})
+
+    rows = list(_rdd_task(echo, ["id", "twice"])(iter([3, 4])))
+    assert [(r.id, r["twice"]) for r in rows] == [(3, 6), (4, 8)]
+    with pytest.raises(ValueError, match=r"returned columns \['id', 'twice'\], the job "
+                                         r"expects \['id'\]"):
+        list(_rdd_task(echo, ["id"])(iter([1])))
 
 
 @pytest.mark.spark
