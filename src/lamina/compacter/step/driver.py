@@ -104,8 +104,8 @@ def _run_tasks(spark: Any, n: int, fn: TaskFn, ddl: str, check: Callable[[], Non
     ``mapInArrow`` over ``spark.range``: no data goes through the JVM either way, and the
     DataFrame cost a Catalyst plan per job and two Arrow streams per task for one id and a
     few rows of metadata. A job of 32 tasks that do nothing took 297 ms, now 150 ms; the
-    10M-update conversion about 10% less time (docs/performance.md, "A step's jobs as plain
-    RDDs")."""
+    10M-update conversion took 6% less time on average in seven alternating pairs
+    (docs/performance.md, "A step's jobs as plain RDDs")."""
     check()
     task = _rdd_task(_gc_frozen(fn), [f.split()[0] for f in ddl.split(",")])
     rows: list[Any] = spark.sparkContext.parallelize(range(n), n).mapPartitions(task).collect()
