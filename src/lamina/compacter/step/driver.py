@@ -98,7 +98,9 @@ TaskFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 def _run_tasks(spark: Any, n: int, fn: TaskFn, ddl: str, check: Callable[[], None]
                ) -> list[Any]:
-    """Run ``fn`` in ``n`` tasks, task ``i`` receiving the id ``i``; the rows they yield.
+    """Run ``fn`` in ``n`` tasks, task ``i`` receiving the id ``i``; the rows they yield
+    (``ddl``: their columns, ``name type, ...``, as the ``*_DDL`` of
+    :mod:`~lamina.compacter.step.wire` give them).
 
     The job is a plain RDD of ``n`` partitions (:func:`_rdd_task`), not a DataFrame
     ``mapInArrow`` over ``spark.range``: no data goes through the JVM either way, and the
