@@ -130,7 +130,7 @@ def tasks(step: str, scale: float, top: int) -> None:
 
     def run_tasks(spark: Any, n: int, fn: Callable[[Iterator[pa.RecordBatch]],
                                                    Iterator[pa.RecordBatch]],
-                  ddl: str, check: Callable[[], None]) -> list[Any]:
+                  fields: Any, check: Callable[[], None]) -> list[Any]:
         out: list[Any] = []
         cpu, wall = time.process_time(), time.monotonic()
         profile = cProfile.Profile()
@@ -140,7 +140,7 @@ def tasks(step: str, scale: float, top: int) -> None:
             for rb in fn(iter([ids])):
                 out.extend(rb.to_pylist())
         profile.disable()
-        kind = "decode" if ddl.startswith("group") else "write"
+        kind = "decode" if fields[0][0] == "group" else "write"
         print(f"== {kind} job: {n} tasks, {time.process_time() - cpu:.2f} s CPU, "
               f"{time.monotonic() - wall:.2f} s wall")
         pstats.Stats(profile).sort_stats("tottime").print_stats(top)
@@ -285,12 +285,16 @@ def pertask(confs: list[str], jobs: int) -> None:
     ``spark.python.unix.domain.socket.enabled=false``, TCP)."""
     import statistics
 
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     from lamina.compacter.spark import build_session
     from lamina.compacter.step.driver import _gc_frozen, _run_tasks
 
     conf = dict(c.split("=", 1) for c in confs)
     spark = build_session("local[*]", app_name="bench-profile", conf=conf)
-    ddl = "pid long, start double, got double, end double, cpu double, rows long"
+    fields = [("pid", pa.int64()), ("start", pa.float64()), ("got", pa.float64()),
+              ("end", pa.float64()), ("cpu", pa.float64()), ("rows", pa.int64())]
+    ddl = from_arrow_schema(pa.schema(fields))
     spark.range(0, 4, 1, 4).mapInArrow(_trivial_task, ddl).collect()  # start the workers
 
     def arrow(fn: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -301,7 +305,7 @@ def pertask(confs: list[str], jobs: int) -> None:
     for phase, job in (("mapInArrow, as PySpark runs it", arrow(_trivial_task)),
                        ("mapInArrow after gc.freeze()", arrow(_gc_frozen(_trivial_task))),
                        ("the driver's _run_tasks (RDD)",
-                        lambda: _run_tasks(spark, 32, _trivial_task, ddl, lambda: None))):
+                        lambda: _run_tasks(spark, 32, _trivial_task, fields, lambda: None))):
         walls: list[float] = []
         waits: list[float] = []
         gaps: list[float] = []

@@ -619,18 +619,21 @@ def test_rdd_tasks_get_their_ids_as_a_batch_and_return_the_jobs_columns() -> Non
     """A step's task function runs as an RDD partition function (the driver's
     ``_rdd_task``): it receives its ids as a one-column int64 batch, as ``spark.range``
     gave them, its rows reach the driver as pyspark Rows (by name and as attributes), and
-    a task that returns other columns than the job's fails, naming both."""
+    a task that returns other columns (or types) than the job's fails, naming both."""
     def echo(batches: Any) -> Any:
         for b in batches:
             assert b.schema == pa.schema([("id", pa.int64())])
             ids = b.column(0).to_pylist()
             yield pa.RecordBatch.from_pydict({"id": ids, "twice": [2 * i for i in ids]})
 
-    rows = list(_rdd_task(echo, ["id", "twice"])(iter([3, 4])))
+    both = pa.schema([("id", pa.int64()), ("twice", pa.int64())])
+    rows = list(_rdd_task(echo, both)(iter([3, 4])))
     assert [(r.id, r["twice"]) for r in rows] == [(3, 6), (4, 8)]
-    with pytest.raises(ValueError, match=r"returned columns \['id', 'twice'\], the job "
-                                         r"expects \['id'\]"):
-        list(_rdd_task(echo, ["id"])(iter([1])))
+    with pytest.raises(ValueError, match=r"returned columns \(id int64, twice int64\), the "
+                                         r"job expects \(id int64\)"):
+        list(_rdd_task(echo, pa.schema([("id", pa.int64())]))(iter([1])))
+    with pytest.raises(ValueError, match=r"the job expects \(id int64, twice int32\)"):
+        list(_rdd_task(echo, pa.schema([("id", pa.int64()), ("twice", pa.int32())]))(iter([1])))
 
 
 @pytest.mark.spark
@@ -643,8 +646,8 @@ def test_step_tasks_run_over_unix_sockets_with_the_worker_heap_frozen(sp: Any) -
     task makes is still collected."""
     from lamina.compacter.step.driver import _run_tasks
 
-    rows = _run_tasks(sp, 4, _heap_report, "frozen long, cycle_freed boolean, unix_socket string",
-                      lambda: None)
+    rows = _run_tasks(sp, 4, _heap_report, [("frozen", pa.int64()), ("cycle_freed", pa.bool_()),
+                                            ("unix_socket", pa.string())], lambda: None)
     assert len(rows) == 4
     assert all(r.frozen > 0 for r in rows), rows
     assert all(r.cycle_freed for r in rows), rows

@@ -181,7 +181,7 @@ def summed_repeats(past: pa.Table, ctx: StepContext) -> pa.Table:
 
 def decoder(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
                                           Iterator[pa.RecordBatch]]:
-    """The decode job's task function (:data:`~.wire.RUN_DDL` rows)."""
+    """The decode job's task function (:data:`~.wire.RUN_FIELDS` rows)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for gid in task_ids(batches):
             past, future, decoded = prepared(gid, ctx, stable=not ctx.distinct_keys)

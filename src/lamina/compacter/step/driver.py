@@ -37,14 +37,14 @@ from lamina.compacter.step.decode import decoder
 from lamina.compacter.step.failures import TaskError, translate
 from lamina.compacter.step.merge import merger, plan_merge
 from lamina.compacter.step.pack import (
-    PACK_DDL,
+    PACK_FIELDS,
     TASKS_PER_CORE,
     packed,
     pickled,
     task_groups,
 )
 from lamina.compacter.step.runs import Run
-from lamina.compacter.step.wire import META_DDL, RUN_DDL, Decoded, Written
+from lamina.compacter.step.wire import META_FIELDS, RUN_FIELDS, Decoded, Written
 from lamina.compacter.step.work import (
     DEFAULT_TUNING,
     JobTuning,
@@ -96,11 +96,14 @@ def _parallelism(spark: Any) -> int:
 TaskFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
-def _run_tasks(spark: Any, n: int, fn: TaskFn, ddl: str, check: Callable[[], None]
+Fields = Sequence[tuple[str, pa.DataType]]
+
+
+def _run_tasks(spark: Any, n: int, fn: TaskFn, fields: Fields, check: Callable[[], None]
                ) -> list[Any]:
-    """Run ``fn`` in ``n`` tasks, task ``i`` receiving the id ``i``; the rows they yield
-    (``ddl``: their columns, ``name type, ...``, as the ``*_DDL`` of
-    :mod:`~lamina.compacter.step.wire` give them).
+    """Run ``fn`` in ``n`` tasks, task ``i`` receiving the id ``i``; the rows they yield,
+    whose columns are ``fields`` (a ``*_FIELDS`` list of :mod:`~lamina.compacter.step.wire`,
+    the one the task function builds its batches with).
 
     The job is a plain RDD of ``n`` partitions (:func:`_rdd_task`), not a DataFrame
     ``mapInArrow`` over ``spark.range``: no data goes through the JVM either way, and the
@@ -109,25 +112,30 @@ def _run_tasks(spark: Any, n: int, fn: TaskFn, ddl: str, check: Callable[[], Non
     10M-update conversion took 6% less time on average in seven alternating pairs
     (docs/performance.md, "A step's jobs as plain RDDs")."""
     check()
-    task = _rdd_task(_gc_frozen(fn), [f.split()[0] for f in ddl.split(",")])
+    task = _rdd_task(_gc_frozen(fn), pa.schema(fields))
     rows: list[Any] = spark.sparkContext.parallelize(range(n), n).mapPartitions(task).collect()
     return rows
 
 
-def _rdd_task(fn: TaskFn, names: list[str]) -> Callable[[Iterator[int]], Iterator[Any]]:
+def _rdd_task(fn: TaskFn, schema: pa.Schema) -> Callable[[Iterator[int]], Iterator[Any]]:
     """``fn`` as an RDD partition function: its ids as the one-column Arrow batch
-    ``spark.range`` would give it, the rows it yields as pyspark Rows of ``names``."""
+    ``spark.range`` would give it, the rows it yields, which must have ``schema`` (as
+    ``mapInArrow`` held them to the job's schema), as pyspark Rows."""
     def task(ids: Iterator[int]) -> Iterator[Any]:
         from pyspark.sql import Row
 
         batch = pa.RecordBatch.from_pydict({"id": pa.array(list(ids), pa.int64())})
         for out in fn(iter([batch])):
-            if out.schema.names != names:
-                raise ValueError(f"a task returned columns {out.schema.names}, "
-                                 f"the job expects {names}")
+            if not out.schema.equals(schema):
+                raise ValueError(f"a task returned columns ({_columns(out.schema)}), the "
+                                 f"job expects ({_columns(schema)})")
             for row in out.to_pylist():
                 yield Row(**row)
     return task
+
+
+def _columns(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
 
 
 def _gc_frozen(fn: TaskFn) -> TaskFn:
@@ -279,7 +287,7 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
     try:
         if is_small(spec, tuning):
             ctx = single_context(trace, spec, tuning=tuning, stage_segments=stage_segments)
-            rows = _run_tasks(spark, 1, single(ctx), META_DDL, check_cancelled)
+            rows = _run_tasks(spark, 1, single(ctx), META_FIELDS, check_cancelled)
             return _collect_output(rows, spec.context, jobs=1)
         total = spec.input_bytes
         share = min(tuning.split_bytes, max(tuning.min_split_bytes,
@@ -291,12 +299,12 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
                  if spec.is_merge else None)
         if items is not None:  # sorted inputs: one job, one write (step/merge.py)
             rows = _run_tasks(spark, len(items), merger(ctx, spec.parts, items),
-                              META_DDL, check_cancelled)
+                              META_FIELDS, check_cancelled)
             out = _collect_output(rows, spec.context, jobs=1)
             check_merge_rows(spec, out)
             return out
         try:
-            runs = _run_tasks(spark, len(ctx.groups), decoder(ctx), RUN_DDL, check_cancelled)
+            runs = _run_tasks(spark, len(ctx.groups), decoder(ctx), RUN_FIELDS, check_cancelled)
             jobs += 1
             results = sorted((Decoded.from_row(r) for r in runs), key=lambda d: d.group)
             decoded = sum(d.input_rows for d in results)
@@ -305,7 +313,7 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
             writes = _plan_writes(results, samples, ctx, n_write, tuning)
             rows = []
             if writes:
-                rows = _run_tasks(spark, len(writes), writer(ctx, writes), META_DDL,
+                rows = _run_tasks(spark, len(writes), writer(ctx, writes), META_FIELDS,
                                   check_cancelled)
                 jobs += 1
         finally:
@@ -349,7 +357,7 @@ def run_pack(spark: Any, steps: Sequence[tuple[Trace, StepSpec]], *,
                                                    stage_segments=stage_segments)))
         groups = task_groups([spec.input_bytes for _, spec in steps],
                              TASKS_PER_CORE * _parallelism(spark))
-        rows = _run_tasks(spark, len(groups), packed(tuple(contexts), groups), PACK_DDL,
+        rows = _run_tasks(spark, len(groups), packed(tuple(contexts), groups), PACK_FIELDS,
                           check_cancelled)
     except LaminaError:
         raise

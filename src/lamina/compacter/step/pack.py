@@ -18,7 +18,7 @@ Each step's context is pickled once on the driver (:func:`packed` takes the pick
 task unpickles its own steps' contexts only, not every step of the pack.
 
 **Failures stay with their step.** A task catches whatever its step raises and returns
-it as an error row (:data:`PACK_DDL` with ``error`` set to a
+it as an error row (:data:`PACK_FIELDS` with ``error`` set to a
 :class:`~lamina.compacter.step.failures.TaskError` record), so the job succeeds and the
 driver fails that step alone: corruption quarantines that relation, anything else retries
 it, the others commit. Only what kills the task itself (its Python worker killed, the
@@ -26,7 +26,7 @@ executor lost, the fail point ``compacter.pack_task``) fails the whole job, and 
 step of the pack is retried (the executor runs each of them alone next time:
 :mod:`lamina.compacter.executors.schedule`).
 
-Rows a task returns (:data:`PACK_DDL`): the step's index, then either one error row or its
+Rows a task returns (:data:`PACK_FIELDS`): the step's index, then either one error row or its
 :class:`~lamina.compacter.step.wire.Written` rows (the tally first, then each part written).
 """
 
@@ -43,12 +43,11 @@ import pyarrow as pa
 from lamina import failpoints
 from lamina.compacter.step.context import StepContext
 from lamina.compacter.step.failures import TaskError
-from lamina.compacter.step.wire import META_DDL, META_FIELDS, batch_of, task_ids
+from lamina.compacter.step.wire import META_FIELDS, batch_of, task_ids
 from lamina.compacter.step.write import single_written
 from lamina.errors import LaminaError
 
 PACK_FIELDS = [("step", pa.int32()), ("error", pa.string()), *META_FIELDS]
-PACK_DDL = f"step int, error string, {META_DDL}"
 TASKS_PER_CORE = 2
 """A pack has at most this many tasks per core of the cluster (``defaultParallelism``)."""
 TASK_THREADS = 4

@@ -4,13 +4,13 @@ Every job runs ``n`` tasks, one id each (``parallelize(range(n), n)``, through
 ``lamina.compacter.step.driver._run_tasks``): a task function receives its id as a one-column
 Arrow batch, as ``spark.range`` would give it (:func:`task_ids`), finds its work in the
 pickled :class:`~lamina.compacter.step.context.StepContext` by that id, and returns
-metadata only, as Arrow batches of a fixed schema (a ``*_DDL`` names its columns) that
-reach the driver as pyspark Rows; the rows never enter the JVM.
+metadata only, as Arrow batches of a fixed schema (a ``*_FIELDS`` list, which the driver
+holds them to) that reach the driver as pyspark Rows; the rows never enter the JVM.
 
-- Decode tasks return one row per group (:data:`RUN_DDL`): the group id, a
+- Decode tasks return one row per group (:data:`RUN_FIELDS`): the group id, a
   :class:`Decoded` record as JSON (its runs, the future rows' bucket ranges, how many
   updates it decoded) and its sample of batch-row keys as Arrow IPC.
-- Write tasks and single tasks return :data:`META_DDL` rows, one :class:`Written` per
+- Write tasks and single tasks return :data:`META_FIELDS` rows, one :class:`Written` per
   written part (``input_rows`` 0), and from a single task also one *tally* row (no part)
   whose ``input_rows`` is the number of updates the task decoded.
 
@@ -37,11 +37,8 @@ TIME_SHIFT = 1 << 63
 META_FIELDS = [("bucket", pa.int64()), ("part_index", pa.int32()), ("path", pa.string()),
                ("rows", pa.int64()), ("bytes", pa.int64()), ("crc32c", pa.int64()),
                ("input_rows", pa.int64())]
-META_DDL = ("bucket bigint, part_index int, path string, rows bigint, bytes bigint, "
-            "crc32c bigint, input_rows bigint")
 """What write tasks and single tasks return (:class:`Written`)."""
 RUN_FIELDS = [("group", pa.int64()), ("info", pa.string()), ("sample", pa.binary())]
-RUN_DDL = "group bigint, info string, sample binary"
 """What decode tasks return (:class:`Decoded`)."""
 
 
@@ -70,7 +67,7 @@ class Decoded:
     """Every so many batch rows' full key columns (for the cuts)."""
 
     def row(self) -> dict[str, Any]:
-        """The :data:`RUN_DDL` row carrying this record."""
+        """The :data:`RUN_FIELDS` row carrying this record."""
         info = {"rows": self.rows, "input_rows": self.input_rows,
                 "past": _run_doc(self.past), "future": _run_doc(self.future),
                 "buckets": self.buckets}
@@ -118,7 +115,7 @@ class Written:
         return cls(part=None, index=-1, input_rows=input_rows)
 
     def row(self) -> dict[str, Any]:
-        """The :data:`META_DDL` row carrying this record."""
+        """The :data:`META_FIELDS` row carrying this record."""
         p = self.part
         return {"bucket": None if self.bucket is None else self.bucket - TIME_SHIFT,
                 "part_index": self.index, "path": p.path if p else None,
