@@ -29,19 +29,34 @@ def backlog(root: Path, name: str = "orders", *, rounds: int = 12, rows: int = 8
             oracle: Oracle | None = None) -> Oracle:
     """``rounds`` appends of ``rows`` updates (one future update each) and seals, in
     segments of about two rounds; the store is closed, so every segment is finished."""
-    oracle = oracle or Oracle()
+    return backlogs(root, [name], rounds=rounds, rows=rows,
+                    oracles=None if oracle is None else {name: oracle})[name]
+
+
+def backlogs(root: Path, names: list[str], *, rounds: int = 12, rows: int = 8,
+             oracles: dict[str, Oracle] | None = None) -> dict[str, Oracle]:
+    """:func:`backlog` of each of ``names``, written round by round side by side in one
+    store: closing it finishes their last segments together, so a running daemon's next
+    poll finds them all ready at once."""
+    oracles = dict(oracles or {})
     with Store.open(root, segment_bytes=4096, fsync="never") as store:
-        try:
-            rel = store.relation(name)
-        except LookupError:
-            rel = store.create_relation(name, SCHEMA, key=KEY)
+        rels = {}
+        for name in names:
+            oracles.setdefault(name, Oracle())
+            try:
+                rels[name] = store.relation(name)
+            except LookupError:
+                rels[name] = store.create_relation(name, SCHEMA, key=KEY)
         for r in range(rounds):
-            t = oracle.upper
-            batch = [(r * rows + i, f"{name}-{r}-{i}-" + "x" * 200, t, 1) for i in range(rows)]
-            batch.append((10_000 + r, "future", t + 50, 1))
-            oracle.append(rel, batch)
-            oracle.seal(rel, t + 2)
-    return oracle
+            for name in names:
+                oracle, rel = oracles[name], rels[name]
+                t = oracle.upper
+                batch = [(r * rows + i, f"{name}-{r}-{i}-" + "x" * 200, t, 1)
+                         for i in range(rows)]
+                batch.append((10_000 + r, "future", t + 50, 1))
+                oracle.append(rel, batch)
+                oracle.seal(rel, t + 2)
+    return oracles
 
 
 def snapshot(root: Path, name: str, as_of: int) -> list[dict[str, Any]]:

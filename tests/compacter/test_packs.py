@@ -38,7 +38,15 @@ from lamina.testing.faults import DelayingFileSystem, KillOnceFileSystem
 from lamina.trace.invariants import check_data
 from lamina.trace.plan import ConversionPlan, plan_conversion, plan_merge
 from lamina.trace.trace import Trace
-from tests.compacter.backlog import backlog, corrupt_payload, sample, settings, spans, until
+from tests.compacter.backlog import (
+    backlog,
+    backlogs,
+    corrupt_payload,
+    sample,
+    settings,
+    spans,
+    until,
+)
 from tests.compacter.workload import assert_same_conversion, assert_same_tables, batch_table
 from tests.trace.helpers import Oracle
 
@@ -320,7 +328,8 @@ def test_a_large_step_runs_alone_and_is_cancelled_by_its_tag(tmp_path: Path,
 @pytest.mark.slow
 def test_relations_come_and_go_while_it_runs(tmp_path: Path, spark: Any) -> None:
     """A running daemon (packs on Spark) with no relation at first: 120 relations are
-    created and written while it runs and picked up at its next polls; 40 of them are
+    created and written while it runs, twelve at a time (so that a poll finds several
+    ready together, however fast the jobs are), and picked up at its next polls; 40 of them are
     dropped while their steps wait or run in packs. The other 80 catch up and read back
     their oracles; the dropped ones leave no pipeline, no trace and no error behind."""
     metrics = Metrics()
@@ -335,8 +344,9 @@ def test_relations_come_and_go_while_it_runs(tmp_path: Path, spark: Any) -> None
             task = asyncio.create_task(daemon.run())
             try:
                 await until("the daemon", lambda: daemon.recovered, 60)
-                for n in names:
-                    oracles[n] = await asyncio.to_thread(backlog, tmp_path, n, rounds=3)
+                for i in range(0, len(names), 12):
+                    oracles.update(await asyncio.to_thread(backlogs, tmp_path,
+                                                           names[i:i + 12], rounds=3))
                 await until("packs to run", lambda: sample(
                     daemon.metrics, "lamina_spark_jobs_total", shape="pack") >= 2, 120)
                 with Store.open(tmp_path) as store:
