@@ -299,6 +299,53 @@ def test_a_relation_dropped_before_its_recovery_ends_its_pipeline(tmp_path: Path
     assert "relation.dropped" in [e["event"] for e in logs]
 
 
+@pytest.mark.parametrize("when", ["recovery", "pass"])
+def test_a_relation_dropped_while_its_segments_are_deleted_ends_its_pipeline(
+        tmp_path: Path, when: str) -> None:
+    """The relation is dropped between the unlinks of its converted segments and the sync
+    of its WAL directory (in recovery, or after a pass's conversion): the sync fails with
+    ENOENT, which the storage layer raises as a StorageError, not a FileNotFoundError. The
+    pipeline ends as dropped with no warning or error (before, it logged
+    ``pipeline.retrying`` at error level, as a CI run of the packs test saw)."""
+    from lamina.testing.faults import InjectingFileSystem, Op
+
+    class DropAtWalSync(InjectingFileSystem):
+        """Drops the relation when the WAL directory is synced after an unlink in it."""
+
+        def __init__(self, wal_dir: Path) -> None:
+            super().__init__()
+            self.wal_dir, self.unlinked, self.dropped = wal_dir, False, False
+
+        def before(self, op: Op) -> None:
+            if op.kind == "unlink" and op.path.parent == self.wal_dir:
+                self.unlinked = True
+            elif (op.kind == "fsync_dir" and op.path == self.wal_dir and self.unlinked
+                  and not self.dropped):
+                self.dropped = True
+                with Store.open(tmp_path) as store:
+                    store.drop_relation("orders")
+
+    backlog(tmp_path, rounds=6)
+    pipe = pipeline(tmp_path)
+    if when == "recovery":  # converted, segments not deleted: recovery deletes them
+        trace = Trace.open(DataDir(tmp_path).trace_store("orders"), pipe.meta)
+        assert convert(trace, pipe.wal_dir, limit=2) == 2
+    fs = DropAtWalSync(pipe.wal_dir)
+    pipe.fs = fs
+
+    async def run() -> list[dict[str, Any]]:
+        with capture_logs() as logs:
+            await asyncio.wait_for(pipe.run(asyncio.Event()), 20)
+        return logs
+
+    logs = asyncio.run(run())
+    assert fs.dropped
+    assert pipe.stopped == "relation dropped"
+    assert (pipe.trace is None) == (when == "recovery")
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert "relation.dropped" in [e["event"] for e in logs]
+
+
 def test_a_failed_recovery_is_retried(tmp_path: Path) -> None:
     """Recovery deletes the segments the trace already converted; a disk error there (EIO
     on the first unlink) is logged and the recovery retried after a backoff, like a failed
