@@ -21,7 +21,10 @@ Rules kept here:
 
 ``FileNotFoundError`` passes through untranslated where a caller treats a missing file as
 a normal outcome (readers racing a deleter); every other ``OSError`` becomes a
-``StorageError``.
+``StorageError``. That includes an ENOENT from a write or a directory sync whose directory
+was renamed away meanwhile (a relation dropped under the compacter): the error keeps
+``errno.ENOENT``, and a caller that expects drops checks the errno, not the class
+(``lamina.compacter.pipeline``).
 """
 
 from __future__ import annotations
