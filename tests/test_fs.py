@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lamina.errors import StorageError
+from lamina.errors import PathNotFoundError, StorageError
 from lamina.fs import FileSystem, crc32c, crc32c_raw
 
 
@@ -170,6 +170,23 @@ def test_os_errors_become_storage_errors(tmp_path: Path, op: str, err: int) -> N
     assert isinstance(info.value, OSError)
     assert op in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_a_path_gone_is_a_storage_error_and_a_file_not_found_error(tmp_path: Path) -> None:
+    """An ENOENT from a write-side operation (a directory renamed away meanwhile, as a
+    dropped relation's WAL directory is) comes out as PathNotFoundError: a StorageError
+    with the errno, the operation and the path, and a FileNotFoundError, so code that
+    treats a vanished path as a drop catches it."""
+    gone = tmp_path / "gone"
+    with pytest.raises(PathNotFoundError) as info:
+        FileSystem().fsync_dir(gone)
+    assert isinstance(info.value, StorageError)
+    assert isinstance(info.value, FileNotFoundError)
+    assert info.value.errno == errno.ENOENT
+    assert "fsync of directory" in str(info.value)
+    assert str(gone) in str(info.value)
+    with pytest.raises(FileNotFoundError):
+        FileSystem().open_append(gone / "f", create=True)
 
 
 def test_open_append_create_is_exclusive(tmp_path: Path) -> None:

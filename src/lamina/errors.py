@@ -15,6 +15,8 @@ The tree is small on purpose; callers catch a branch, not a leaf:
 - :class:`StorageError`: the operating system failed a write, fsync, rename or read.
   :class:`WriterFailedError` follows one: the writer stopped and must be reopened.
   :class:`ObjectNotFoundError` (also a ``FileNotFoundError``): no object under a key.
+  :class:`PathNotFoundError` (also a ``FileNotFoundError``): a file operation's path is
+  gone, its directory removed or renamed away meanwhile.
 - :class:`StateConflictError`: another writer published the trace state version first.
   :class:`ObjectExistsError`: a conditional create found another writer's object.
   :class:`StalePlanError`: a step was planned against a state this writer has since
@@ -145,6 +147,13 @@ class WriterFailedError(StorageError):
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object store has no object under the key asked for (also a ``FileNotFoundError``,
     so code that treats a file vanishing under a reader as normal treats it the same)."""
+
+
+class PathNotFoundError(StorageError, FileNotFoundError):
+    """A write, sync, rename or open found no file or directory at its path (ENOENT): its
+    directory was removed or renamed away meanwhile, as a dropped relation's WAL directory
+    is under the compacter. Also a ``FileNotFoundError``, so code that treats a vanished
+    path as a drop treats it the same."""
 
 
 class StateConflictError(LaminaError):

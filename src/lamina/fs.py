@@ -21,15 +21,16 @@ Rules kept here:
 
 ``FileNotFoundError`` passes through untranslated where a caller treats a missing file as
 a normal outcome (readers racing a deleter); every other ``OSError`` becomes a
-``StorageError``. That includes an ENOENT from a write or a directory sync whose directory
-was renamed away meanwhile (a relation dropped under the compacter): the error keeps
-``errno.ENOENT``, and a caller that expects drops checks the errno, not the class
-(``lamina.compacter.pipeline``).
+``StorageError``. An ENOENT (a write or a directory sync whose directory was renamed away
+meanwhile: a relation dropped under the compacter) becomes a
+:class:`~lamina.errors.PathNotFoundError`, a ``StorageError`` that is also a
+``FileNotFoundError``, so callers that treat a vanished path as a drop catch one class.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.machinery
 import importlib.util
 import os
@@ -40,7 +41,7 @@ from types import ModuleType
 from typing import Any
 
 from lamina import failpoints
-from lamina.errors import StorageError
+from lamina.errors import PathNotFoundError, StorageError
 
 TMP_SUFFIX = ".tmp"
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -92,8 +93,13 @@ def crc32c(data: bytes | memoryview, value: int = 0) -> int:
 
 
 def _fail(op: str, path: Path | str, exc: OSError) -> StorageError:
-    err = StorageError(exc.errno, f"{op} failed on {path}: {os.strerror(exc.errno or 0)}"
-                       " (check free space, permissions and the disk's health)")
+    if exc.errno == errno.ENOENT:
+        err: StorageError = PathNotFoundError(
+            exc.errno, f"{op} failed on {path}: {os.strerror(exc.errno)} (it was removed "
+            "or renamed meanwhile)")
+    else:
+        err = StorageError(exc.errno, f"{op} failed on {path}: {os.strerror(exc.errno or 0)}"
+                           " (check free space, permissions and the disk's health)")
     err.filename = str(path)
     return err
 

@@ -304,9 +304,10 @@ def test_a_relation_dropped_while_its_segments_are_deleted_ends_its_pipeline(
         tmp_path: Path, when: str) -> None:
     """The relation is dropped between the unlinks of its converted segments and the sync
     of its WAL directory (in recovery, or after a pass's conversion): the sync fails with
-    ENOENT, which the storage layer raises as a StorageError, not a FileNotFoundError. The
-    pipeline ends as dropped with no warning or error (before, it logged
-    ``pipeline.retrying`` at error level, as a CI run of the packs test saw)."""
+    ENOENT, which the storage layer raises as a PathNotFoundError (a FileNotFoundError).
+    The pipeline ends as dropped with no warning or error (before, the error was a plain
+    StorageError and the pipeline logged ``pipeline.retrying`` at error level, as a CI run
+    of the packs test saw)."""
     from lamina.testing.faults import InjectingFileSystem, Op
 
     class DropAtWalSync(InjectingFileSystem):

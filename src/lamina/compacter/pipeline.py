@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -86,14 +85,6 @@ JobKind = Literal["conversion", "merge", "gc"]
 
 class PipelineStopped(Exception):
     """The pipeline ended for good (quarantine, dropped relation, lost CAS)."""
-
-
-def _gone(exc: OSError) -> bool:
-    """Whether ``exc`` says a path is gone: a FileNotFoundError as the OS raised it, or an
-    ENOENT the storage layer translated into a StorageError (an ``fsync`` of the WAL
-    directory after a drop renamed it away). The caller then asks whether the relation
-    was dropped; a path gone for another reason is still an error."""
-    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT
 
 
 @dataclass
@@ -180,8 +171,8 @@ class RelationPipeline:
         except CorruptionError as exc:
             await self.quarantine(exc)
             return
-        except OSError as exc:
-            if _gone(exc) and self._dropped():
+        except FileNotFoundError:
+            if self._dropped():
                 return
             raise
         self.trace = trace
@@ -284,8 +275,8 @@ class RelationPipeline:
             self.stopped = str(exc)
             log.error("pipeline.state_conflict", relation=self.name, error=str(exc))
             raise PipelineStopped from exc
-        except OSError as exc:
-            if _gone(exc) and self._dropped():
+        except FileNotFoundError as exc:
+            if self._dropped():
                 raise PipelineStopped from exc
             raise
         return worked
