@@ -19,10 +19,12 @@ raw's, which the wall clock of a loaded machine blurs) and each setting's ratio
 lamina/raw, and writes bench/results/wal_append.json and wal_append.png; the headline
 figures (``lamina``, ``ratio``) are the first setting's, the default's unless
 ``--compression`` says otherwise. Targets: ratio >= 0.8 and >= 1M updates/s. The ratio
-depends on the disk as much as on lamina: lamina's own work per append (checks, encoding,
-compression, CRC32C) is a cost on top of the I/O, so a slow ``fdatasync`` lifts the ratio
-towards 1 (and a compressed record, fewer bytes to sync, above it) and a fast one lowers
-it; the per-append milliseconds of all sides say which case a run was.
+depends on the disk as much as on lamina: lamina's work before a record is written
+(conforming, encoding, compression) is a cost on top of the I/O, while the checks and the
+CRC32C run during the record's write-back (lamina.wal.log, "Sealing a record last"), so a
+slow ``fdatasync`` lifts the ratio towards 1 (and a compressed record, fewer bytes to
+sync, above it) and a fast one lowers it; the per-append milliseconds of all sides say
+which case a run was.
 
 ``--burn N`` runs N processes of our own that spin on a core each for the whole run
 (started ``--burn-warmup`` seconds before measuring, so that the load average has risen,

@@ -17,6 +17,7 @@ import pytest
 from lamina import failpoints
 from lamina.errors import ConfigError, StorageError
 from lamina.store import Store
+from lamina.wal.segment import list_segments, scan_file
 from tests.conftest import ORDERS, updates
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,14 +148,21 @@ def test_malformed_env_fails_at_start_up_not_at_import(tmp_path: Path) -> None:
         assert store.relations() == []
 
 
-@pytest.mark.parametrize("point", ["wal.mid_record", "wal.after_write", "fs.before_rename",
-                                   "fs.after_rename"])
+@pytest.mark.parametrize("point", ["wal.mid_record", "wal.before_seal", "wal.after_write",
+                                   "fs.before_rename", "fs.after_rename"])
 def test_kill_at_a_wal_point_loses_nothing_acknowledged(tmp_path: Path, point: str) -> None:
     """The child dies by SIGKILL at the point; reopening recovers every acknowledged
-    append exactly once (an unacknowledged one at most once)."""
+    append exactly once (an unacknowledged one at most once). Killed before it sealed
+    its record, the writer left the record whole behind a header of zeros: a torn tail
+    that recovery cuts off."""
     data = tmp_path / "data"
     code, acked = run_child(data, f"{point}=kill@7")
     assert code == -signal.SIGKILL
+    if point == "wal.before_seal":
+        (seg,) = [s for s in list_segments(data / "wal" / "orders") if not s.finished]
+        scan, _ = scan_file(seg, "orders")
+        assert scan.torn_reason == "unknown record type 0"
+        assert seg.path.stat().st_size - scan.valid_end > 50  # the record's bytes are there
     with Store.open(data) as store:
         rel = store.relation("orders")
         rel.seal(rel.upper)  # runs the writer's recovery

@@ -142,6 +142,25 @@ def test_short_writes_are_completed(tmp_path: Path) -> None:
     assert fs.writes == -(-len(data) // 3)
 
 
+def test_patch_overwrites_in_place_in_a_file_opened_for_appending(tmp_path: Path) -> None:
+    """AppendFile.patch writes at its offset although the file is O_APPEND (where Linux's
+    pwrite would append), later writes append again, a patch beyond what was written is
+    refused, and start_writeback is a hint that changes no byte."""
+    path = tmp_path / "f"
+    handle = FileSystem().open_append(path, create=True)
+    handle.write(bytes(9) + b"payload" * 1000)
+    handle.start_writeback(4096, handle.size)
+    handle.start_writeback(10, 10)  # empty: nothing to do
+    handle.patch(0, b"HEADER123")
+    handle.write(b"tail")
+    assert handle.size == 9 + 7000 + 4
+    with pytest.raises(ValueError, match="lies outside"):
+        handle.patch(handle.size - 2, b"abc")
+    handle.sync()
+    handle.close()
+    assert path.read_bytes() == b"HEADER123" + b"payload" * 1000 + b"tail"
+
+
 def test_zero_progress_write_is_an_error(tmp_path: Path) -> None:
     """A write that makes no progress raises StorageError instead of spinning."""
     handle = TrickleFS(chunk=0).open_append(tmp_path / "f", create=True)

@@ -30,6 +30,7 @@ The points (each at a step boundary of the crash-safety rules, docs/architecture
 | name | where |
 |---|---|
 | ``wal.mid_record`` | the WAL writer has written half of a record |
+| ``wal.before_seal`` | an update record is written with a zero header, not yet sealed |
 | ``wal.after_write`` | a record is written, before its fsync |
 | ``fs.before_rename`` / ``fs.after_rename`` | around every rename of the storage layer |
 | ``compacter.pack_task`` | a task of a pack starts (outside its step: fails the whole job) |
@@ -59,7 +60,8 @@ from lamina.errors import ConfigError, StorageError
 
 ENV = "LAMINA_FAILPOINTS"
 SHARED_ENV = "LAMINA_FAILPOINTS_SHARED"
-NAMES = ("wal.mid_record", "wal.after_write", "fs.before_rename", "fs.after_rename",
+NAMES = ("wal.mid_record", "wal.before_seal", "wal.after_write",
+         "fs.before_rename", "fs.after_rename",
          "compacter.pack_task", "compacter.pack_collected",
          "trace.after_batch_written", "trace.mid_merge",
          "trace.after_state_published", "trace.mid_segment_delete", "gc.before_delete",

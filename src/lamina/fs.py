@@ -17,6 +17,11 @@ Rules kept here:
   not ``os_writev`` (a fault-injecting one written for plain writes) gets the buffers
   joined and passed to its ``os_write`` instead, one call per ``writev``, so it sees every
   byte lamina writes and the same operations as before gathered writes existed.
+- Files are opened ``O_APPEND``; the one write inside a file, ``AppendFile.patch`` (the
+  WAL's record header, written over zeros after its record: lamina.wal.log), goes through
+  the ``os_pwrite`` primitive, and may only touch bytes written since the last sync.
+  ``AppendFile.start_writeback`` (``sync_file_range``) is a hint that makes nothing
+  durable.
 - Creating or removing a directory entry fsyncs the parent directory.
 
 ``FileNotFoundError`` passes through untranslated where a caller treats a missing file as
@@ -31,9 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import functools
 import importlib.machinery
 import importlib.util
 import os
+import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -85,6 +93,27 @@ if not _crc32c.hardware_based:  # pragma: no cover - depends on the CPU
 
     warnings.warn("crc32c runs without SSE4.2/ARMv8 CRC instructions; checksums will be "
                   "slow", RuntimeWarning, stacklevel=1)
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+@functools.cache
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range`` (Linux; Python's ``os`` has no binding), loaded on first
+    use, or None where there is none. PostgreSQL starts its WAL and data write-back the
+    same way (``pg_flush_data``)."""
+    if not sys.platform.startswith("linux"):  # pragma: no cover - lamina runs on Linux
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # pragma: no cover - a libc without it
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def crc32c(data: bytes | memoryview, value: int = 0) -> int:
@@ -153,6 +182,29 @@ class AppendFile:
             if done < len(batch) and n:
                 pending[done] = memoryview(pending[done])[n:]
             del pending[:done]
+
+    def patch(self, offset: int, data: bytes) -> None:
+        """Overwrite ``len(data)`` bytes at ``offset``, inside what was written since the
+        last sync (the WAL writer's record header, written after its record: lamina.wal.log,
+        "Sealing a record last"), or raise ``StorageError``."""
+        if offset < 0 or offset + len(data) > self.size:
+            raise ValueError(f"patch of {len(data)} bytes at {offset} lies outside the "
+                             f"{self.size} bytes of {self.path}")
+        try:
+            n = self._fs.os_pwrite(self._fd, data, offset, self.path)
+        except OSError as exc:
+            raise _fail("write", self.path, exc) from exc
+        if n != len(data):  # a few bytes inside the file: a short write is a failing disk
+            raise StorageError(f"write of {len(data)} bytes at {offset} wrote {n} on "
+                               f"{self.path}")
+
+    def start_writeback(self, start: int, end: int) -> None:
+        """Ask the kernel to start writing bytes ``[start, end)`` to the disk now, without
+        waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``), so that a later
+        fdatasync finds them under way. Only a hint: it does not make anything durable, and
+        where the call is missing or fails nothing happens (the fdatasync reports errors)."""
+        if end > start:
+            self._fs.os_start_writeback(self._fd, start, end - start, self.path)
 
     def sync(self) -> None:
         """fdatasync the file. An error here is fatal for the writer (crash-safety rule 5,
@@ -253,6 +305,24 @@ class FileSystem:
     def os_writev(self, fd: int, buffers: Sequence[Any], path: Path) -> int:
         """Write ``buffers`` (at most ``IOV_MAX``) in one gathered write; bytes written."""
         return os.writev(fd, buffers)
+
+    def os_pwrite(self, fd: int, data: bytes, offset: int, path: Path) -> int:
+        """Write ``data`` at ``offset`` of a file opened for appending (every file of
+        lamina's is: Linux's ``pwrite`` would append there, so ``O_APPEND`` is lifted for
+        the call); bytes written."""
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_APPEND)
+        try:
+            return os.pwrite(fd, data, offset)
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+    def os_start_writeback(self, fd: int, offset: int, length: int, path: Path) -> None:
+        """Start the write-back of ``length`` bytes at ``offset`` (:meth:`AppendFile.
+        start_writeback`); errors are ignored, a hint that fails changes nothing."""
+        call = _sync_file_range()
+        if call is not None:
+            call(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
     def os_fdatasync(self, fd: int, path: Path) -> None:
         os.fdatasync(fd)

@@ -20,6 +20,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -333,8 +334,9 @@ class Relation:
         stream (``__arrow_c_stream__``: a polars DataFrame, a DuckDB relation, a
         ``pa.RecordBatchReader``) or a pandas DataFrame (lamina.schema.to_table). A
         rejected input raises SchemaError naming what was wrong and writes nothing."""
-        table = check_diffs(self.meta, conform_updates(self.meta, updates))
-        self._writer_or_open("append").append(table)
+        table = conform_updates(self.meta, updates)
+        # the diffs are checked while the record is on its way to the disk (lamina.wal.log)
+        self._writer_or_open("append").append(table, partial(check_diffs, self.meta))
 
     def seal(self, upper: int | datetime) -> None:
         """Promise that no update at a time below ``upper`` will arrive (a datetime where

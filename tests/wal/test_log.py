@@ -13,8 +13,9 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -32,11 +33,19 @@ from lamina.errors import (
     UpdateBeforeUpperError,
     WriterFailedError,
 )
-from lamina.fs import FileSystem
+from lamina.fs import AppendFile, FileSystem
 from lamina.schema import RelationMeta, conform_updates
-from lamina.wal.log import WalWriter, least_time
+from lamina.wal.log import FsyncPolicy, WalWriter, least_time
 from lamina.wal.reader import frontiers, segment_updates
-from lamina.wal.record import COMPRESSIONS, Compression, RecordType, frame
+from lamina.wal.record import (
+    COMPRESSIONS,
+    HEADER,
+    HEADER_SIZE,
+    UNSEALED,
+    Compression,
+    RecordType,
+    frame,
+)
 from lamina.wal.segment import (
     SegmentFile,
     encode_header,
@@ -505,6 +514,144 @@ def test_damaged_finished_segment_is_refused_by_readers(tmp_path: Path,
                 assert info.value.path == finished, (pos, bit)
         finished.write_bytes(pristine)
         assert rel.snapshot(4).num_rows == 300
+
+
+# --- sealing a record last ---------------------------------------------------------------
+
+class SealWatchFS(FileSystem):
+    """Records the order of the writer's file operations on the open segment, and what a
+    reader finds there when the writer's check runs."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    def os_writev(self, fd: int, buffers: Sequence[Any], path: Path) -> int:
+        start = os.fstat(fd).st_size
+        n = super().os_writev(fd, buffers, path)
+        self.events.append(("write", start, start + n, bytes(buffers[0])))
+        return n
+
+    def os_write(self, fd: int, data: memoryview, path: Path) -> int:
+        start = os.fstat(fd).st_size
+        n = super().os_write(fd, data, path)
+        self.events.append(("write", start, start + n, bytes(data[:HEADER_SIZE])))
+        return n
+
+    def os_start_writeback(self, fd: int, offset: int, length: int, path: Path) -> None:
+        self.events.append(("writeback", offset, offset + length))
+        super().os_start_writeback(fd, offset, length, path)
+
+    def os_pwrite(self, fd: int, data: bytes, offset: int, path: Path) -> int:
+        self.events.append(("patch", offset, bytes(data)))
+        return super().os_pwrite(fd, data, offset, path)
+
+    def os_fdatasync(self, fd: int, path: Path) -> None:
+        self.events.append(("fdatasync",))
+        super().os_fdatasync(fd, path)
+
+
+@pytest.mark.parametrize("policy", ["always", "never"])
+def test_an_update_record_is_sealed_last(tmp_path: Path, policy: FsyncPolicy) -> None:
+    """An append writes its record with a header of zeros, starts its write-back (fsync
+    "always" only; from the first page boundary after the header to the record's end),
+    runs the caller's check while a reader of the open segment sees a torn tail there,
+    then writes the header over the zeros and syncs; the record then reads back."""
+    wal = new_relation(tmp_path)
+    fs = SealWatchFS()
+    w = WalWriter(wal, NAME, fs=fs, fsync=policy)
+    w.seal(1)
+    seen: list[tuple[int | None, str]] = []
+
+    def check(table: pa.Table) -> None:
+        fs.events.append(("check", table.num_rows))
+        scan, _ = scan_file(list_segments(wal)[-1], NAME)
+        seen.append((scan.torn_at, scan.torn_reason))
+
+    fs.events.clear()
+    w.append(batch(0, 2000, 3), check)
+    write, *rest = fs.events
+    assert write[0] == "write"
+    _, start, end, head = write
+    assert head == UNSEALED
+    assert seen == [(start, "unknown record type 0")]
+    expected: list[tuple[object, ...]] = []
+    if policy == "always":
+        expected.append(("writeback", -(-(start + HEADER_SIZE) // 4096) * 4096, end))
+    expected.append(("check", 2000))
+    patch = rest[len(expected)]
+    assert patch[:2] == ("patch", start)
+    length, rtype, _ = HEADER.unpack(patch[2])
+    assert (length, rtype) == (end - start - HEADER_SIZE, RecordType.UPDATES)
+    expected.append(patch)
+    if policy == "always":
+        expected.append(("fdatasync",))
+    assert rest == expected
+    assert end - start > 2 * 4096  # the write-back range is not empty
+    w.close()
+    assert logged_ids(wal) == list(range(2000))
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_an_append_whose_check_fails_is_cut_off(tmp_path: Path,
+                                                compression: Compression) -> None:
+    """A check that raises (the diffs' range, for Relation.append) or an update below the
+    upper, found after the record was written, cut it off again: every file is as it was,
+    the writer stays usable, and the next record lands where the rejected one began."""
+    wal = new_relation(tmp_path, compression)
+    w = WalWriter(wal, NAME, compression=compression)
+    w.append(batch(0, 5, 0))
+    w.seal(2)
+    before = tree_digest(tmp_path)
+    size = open_segment(wal).stat().st_size
+
+    def refuse(table: pa.Table) -> None:
+        raise InvalidArgumentError(f"refused {table.num_rows} updates")
+
+    with pytest.raises(InvalidArgumentError, match="refused 3000 updates"):
+        w.append(batch(10, 3000, 5), refuse)
+    assert tree_digest(tmp_path) == before
+    with pytest.raises(UpdateBeforeUpperError, match="time 1, below the sealed upper 2"):
+        w.append(pa.concat_tables([batch(20, 3000, 5), batch(9000, 1, 1)]))
+    assert tree_digest(tmp_path) == before
+    w.append(batch(30, 2, 5))
+    records = scan_file(list_segments(wal)[-1], NAME)[0].records
+    assert records[-1].offset == size
+    w.close()
+    assert logged_ids(wal) == [0, 1, 2, 3, 4, 30, 31]
+
+
+class _NoTruncate(AppendFile):
+    def truncate(self, size: int) -> None:
+        raise StorageError(errno.EIO, f"truncate failed on {self.path}")
+
+
+class NoTruncateFS(FileSystem):
+    """A disk on which cutting a file back fails."""
+
+    def open_append(self, path: Path, *, create: bool = False) -> AppendFile:
+        handle = super().open_append(path, create=create)
+        return _NoTruncate(self, handle.path, handle._fd, handle.size)
+
+
+def test_a_rejected_append_that_cannot_be_cut_off_fails_the_writer(tmp_path: Path) -> None:
+    """If the unsealed record of a rejected append cannot be cut off, the caller still gets
+    the rejection, the writer fails (it no longer knows its file's end), and reopening cuts
+    the record off as a torn tail: the acknowledged updates, nothing of the rejected one."""
+    wal = new_relation(tmp_path)
+    w = WalWriter(wal, NAME, fs=NoTruncateFS())
+    w.append(batch(0, 3, 0))
+    w.seal(2)
+    with pytest.raises(UpdateBeforeUpperError):
+        w.append(batch(10, 500, 1))
+    with pytest.raises(WriterFailedError, match="truncate failed"):
+        w.append(batch(20, 1, 2))
+    w.close()
+    assert scan_file(list_segments(wal)[-1], NAME)[0].torn_reason == "unknown record type 0"
+    w = WalWriter(wal, NAME)
+    assert scan_file(list_segments(wal)[-1], NAME)[0].torn_at is None
+    w.append(batch(30, 1, 2))
+    w.close()
+    assert logged_ids(wal) == [0, 1, 2, 30]
 
 
 # --- group commit and fsync policies ------------------------------------------------------

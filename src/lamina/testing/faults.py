@@ -1,8 +1,9 @@
 """Fault injection for tests: storage layers that crash or fail on a chosen file operation.
 
 Every durable file operation lamina performs goes through a :class:`lamina.fs.FileSystem`,
-and everything there is built on six primitives (``os_write``, ``os_fdatasync``,
-``os_fsync_dir``, ``os_rename``, ``os_link``, ``os_unlink``). The classes here override only
+and everything there is built on seven primitives (``os_write``, ``os_pwrite``,
+``os_fdatasync``, ``os_fsync_dir``, ``os_rename``, ``os_link``, ``os_unlink``; a pwrite
+counts as a write). The classes here override only
 those primitives, so a test hands one to ``Store.open(..., fs=...)`` or
 ``Trace.open(..., fs=...)`` and the code under test runs unchanged: no monkeypatching. This
 is the seam Materialize's ``UnreliableBlob`` and RocksDB's ``FaultInjectionTestFS`` provide.
@@ -133,6 +134,10 @@ class InjectingFileSystem(FileSystem):
     # --- the primitives -------------------------------------------------------------------
     def os_write(self, fd: int, data: memoryview, path: Path) -> int:
         return self._run("write", path, partial(super().os_write, fd, data, path),
+                         size=len(data))
+
+    def os_pwrite(self, fd: int, data: bytes, offset: int, path: Path) -> int:
+        return self._run("write", path, partial(super().os_pwrite, fd, data, offset, path),
                          size=len(data))
 
     def os_fdatasync(self, fd: int, path: Path) -> None:
@@ -362,7 +367,7 @@ class CrashReport:
 class _TrackedAppendFile(AppendFile):
     """An AppendFile whose truncation the power-loss shim sees (``truncate`` is no
     primitive of the storage layer: it is only ever followed by an fdatasync or by the
-    writer giving up)."""
+    writer giving up, or cuts off a record never synced, a rejected append's)."""
 
     def __init__(self, fs: PowerLossFileSystem, handle: AppendFile) -> None:
         super().__init__(fs, handle.path, handle._fd, handle.size)
@@ -403,7 +408,8 @@ class PowerLossFileSystem(InjectingFileSystem):
     created (files it never saw written keep their content); ``mkdir`` and ``rmdir`` are
     not primitives of the storage layer and count as durable at once (lamina fsyncs the
     parent right after creating a directory, and removing one only removes garbage);
-    writes are appends (lamina opens every file O_APPEND); metadata other than names and
+    writes are appends (lamina opens every file O_APPEND), or overwrite bytes appended since
+    the last fdatasync (the WAL's record headers: ``os_pwrite``); metadata other than names and
     sizes (mtimes, permissions) is not modelled; temp files that exception handlers
     remove behind the storage layer's back after an in-place cut stay removed.
 
@@ -475,6 +481,19 @@ class PowerLossFileSystem(InjectingFileSystem):
         n = super().os_write(fd, data, path)
         with self._jmu:
             self._files[key].dirty = True
+        return n
+
+    def os_pwrite(self, fd: int, data: bytes, offset: int, path: Path) -> int:
+        """A write inside the file (the WAL's record header, written after its record):
+        only ever over bytes written since the last fdatasync, which a crash may drop,
+        keep or tear as it does appended ones."""
+        key = _key(os.fstat(fd))
+        with self._jmu:
+            rec = self._files.get(key)
+            if rec is None or offset < rec.size:
+                raise AssertionError(f"pwrite at {offset} of {path} over durable bytes "
+                                     f"(the model holds appends and unsynced patches only)")
+        n = super().os_pwrite(fd, data, offset, path)
         return n
 
     def os_fdatasync(self, fd: int, path: Path) -> None:

@@ -36,6 +36,7 @@ larger appends), so a decoder never needs more: a buffer declaring more is damag
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 import struct
 from collections.abc import Iterator
@@ -50,6 +51,10 @@ from lamina.fs import crc32c, crc32c_raw
 
 HEADER = struct.Struct("<IBI")
 HEADER_SIZE = HEADER.size
+UNSEALED = bytes(HEADER_SIZE)
+"""What stands in a record's header until the writer seals it: length 0 and type 0, which
+no reader takes for a record (an unknown type: a bad frame, so a torn tail at the end of
+the open segment). See lamina.wal.log, "Sealing a record last"."""
 MAX_PAYLOAD = 1 << 30
 _FRONTIER = struct.Struct("<QB")
 _crc = crc32c_raw  # over the many small pieces of a record, without a wrapper's call
@@ -190,6 +195,14 @@ class UpdatesEncoder:
 
     def encode(self, table: pa.Table) -> tuple[list[Any], int]:
         """The pieces of ``table``'s record (header first) and the record's length in bytes."""
+        record, size = self.encode_unsealed(table)
+        record[0] = self.header(record, size)
+        return record, size
+
+    def encode_unsealed(self, table: pa.Table) -> tuple[list[Any], int]:
+        """As :meth:`encode`, but the first piece is :data:`UNSEALED` in place of the
+        header: the record as the WAL writer writes it first, to be sealed by writing
+        :meth:`header` over those bytes (lamina.wal.log, "Sealing a record last")."""
         pieces = self._sink.pieces
         pieces.clear()
         if self._writer is not None:
@@ -198,16 +211,18 @@ class UpdatesEncoder:
             with pa.ipc.new_stream(self._file, self.schema, options=self._options) as writer:
                 writer.write_table(table)
             pieces[:] = [b"".join(pieces)[len(self._schema_message):-len(_EOS)]]
-        crc = self._start_crc
-        size = self._fixed
-        for piece in pieces:
-            crc = _crc(piece, crc)
-            size += len(piece)
-        crc = _crc(_EOS, crc)
-        record = [HEADER.pack(size, RecordType.UPDATES, crc), self._schema_message, *pieces,
-                  _EOS]
+        size = self._fixed + sum(len(piece) for piece in pieces)
+        record = [UNSEALED, self._schema_message, *pieces, _EOS]
         pieces.clear()  # the table's buffers stay referenced by the record alone
         return record, HEADER_SIZE + size
+
+    def header(self, record: list[Any], size: int) -> bytes:
+        """The header of a record from :meth:`encode_unsealed` (of ``size`` bytes): its
+        length and the CRC32C continued over its pieces, the table's buffers read once."""
+        crc = self._start_crc
+        for piece in itertools.islice(record, 2, None):  # after the header, schema message
+            crc = _crc(piece, crc)
+        return HEADER.pack(size - HEADER_SIZE, RecordType.UPDATES, crc)
 
 
 def _has_dictionary(schema: pa.Schema) -> bool:
