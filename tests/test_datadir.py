@@ -14,6 +14,7 @@ from lamina.fs import FileSystem
 from lamina.objstore.local import LocalObjectStore
 from lamina.objstore.s3 import S3ObjectStore
 from lamina.store import Store
+from lamina.testing.faults import InjectingFileSystem, Op
 from tests.conftest import ORDERS, tree_digest
 
 
@@ -80,3 +81,29 @@ def test_a_damaged_location_file_is_corruption(tmp_path: Path, data: bytes) -> N
 def test_location_round_trip() -> None:
     loc = TraceLocation("s3://b/p")
     assert TraceLocation.from_json(loc.to_json(), Path("trace.json")) == loc
+
+
+def test_quarantining_a_relation_dropped_meanwhile_marks_nothing(tmp_path: Path) -> None:
+    """The relation is dropped between the quarantine's check that its WAL directory
+    exists and the marker's write (the daemon found damage while a coordinator dropped the
+    relation): no error, no marker anywhere, the drop stands."""
+
+    class DropAtMarker(InjectingFileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dropped = False
+
+        def before(self, op: Op) -> None:
+            if op.kind == "write" and "QUARANTINED" in op.path.name and not self.dropped:
+                self.dropped = True
+                with Store.open(tmp_path) as store:
+                    store.drop_relation("orders")
+
+    with Store.open(tmp_path) as store:
+        store.create_relation("orders", ORDERS, key=["id"])
+    fs = DropAtMarker()
+    DataDir(tmp_path).quarantine("orders", "checksum mismatch", fs)
+    assert fs.dropped
+    assert not list(tmp_path.rglob("QUARANTINED*"))
+    with Store.open(tmp_path) as store:
+        assert store.relations() == []

@@ -195,7 +195,13 @@ class DataDir(Layout):
         if marker.exists() or not marker.parent.exists():
             return
         doc = {"reason": reason, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        fs.write_atomic(marker, json.dumps(doc).encode())
+        try:
+            fs.write_atomic(marker, json.dumps(doc).encode())
+        except FileNotFoundError:
+            if marker.parent.exists():
+                raise
+            # dropped meanwhile (its WAL directory renamed into wal/.dropped/): nothing is
+            # left to mark
 
 
 def _holds_anything(directory: Path) -> bool:
