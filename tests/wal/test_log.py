@@ -620,6 +620,46 @@ def test_an_append_whose_check_fails_is_cut_off(tmp_path: Path,
     assert logged_ids(wal) == [0, 1, 2, 3, 4, 30, 31]
 
 
+def test_a_read_racing_a_seal_reads_the_open_segment_again(tmp_path: Path) -> None:
+    """A read of the open segment is not atomic against the writer: it can copy a record's
+    header of zeros from before the writer sealed it and the next record from after the
+    writer appended it (seen in CI: a subscription under the daemon). scan_file reads the
+    file again until the header is there; a zero header that stays is corruption after the
+    re-reads, and in a finished segment at once."""
+    wal = new_relation(tmp_path)
+    w = WalWriter(wal, NAME)
+    w.append(batch(0, 50, 0))
+    w.seal(1)
+    w.append(batch(50, 50, 1))
+    w.seal(2)
+    w.close()
+    seg = list_segments(wal)[-1]
+    assert not seg.finished
+    scan, data = scan_file(seg, NAME)
+    at = scan.updates()[0].offset
+    header = data[at:at + HEADER_SIZE]
+
+    def put(value: bytes) -> None:
+        with seg.path.open("r+b") as f:
+            f.seek(at)
+            f.write(value)
+
+    put(UNSEALED)  # what the racing read copied
+    sealer = threading.Timer(0.004, put, (header,))  # the writer's seal, a moment later
+    sealer.start()
+    again, _ = scan_file(seg, NAME)
+    sealer.join()
+    assert [(r.offset, r.rtype) for r in again.records] == \
+        [(r.offset, r.rtype) for r in scan.records]
+    put(UNSEALED)  # and now for good: damage
+    with pytest.raises(CorruptionError, match="unknown record type 0, followed by a valid"):
+        scan_file(seg, NAME)
+    start = time.monotonic()
+    with pytest.raises(CorruptionError, match="unknown record type 0 in a finished segment"):
+        scan_file(SegmentFile(seg.path, seg.seq, finished=True), NAME)
+    assert time.monotonic() - start < 0.02  # no re-reads
+
+
 class _NoTruncate(AppendFile):
     def truncate(self, size: int) -> None:
         raise StorageError(errno.EIO, f"truncate failed on {self.path}")

@@ -69,6 +69,7 @@ from lamina.store import Store
 #: coordinator fail points: phase, and the range of N for ``kill@N``
 COORDINATOR_POINTS: dict[str, tuple[str, int, int]] = {
     "wal.mid_record": ("coordinator/wal-record", 1, 40),
+    "wal.before_seal": ("coordinator/wal-record", 1, 40),
     "wal.after_write": ("coordinator/wal-record", 1, 40),
     "fs.before_rename": ("coordinator/segment-rotation", 1, 6),
     "fs.after_rename": ("coordinator/segment-rotation", 1, 6),

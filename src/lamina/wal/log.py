@@ -25,11 +25,13 @@ against the upper) and computes the CRC32C, then writes the real header over the
 run between two syncs while the disk idled, and cost a fifth of a 10,000-update append
 (docs/performance.md, "WAL append"). All of it happens under the writer's lock, so no
 later record is written, let alone synced, before an earlier one is sealed. Until sealed,
-the record is a bad frame (type 0) at the end of the open segment: a reader stops there,
-and recovery after a crash cuts it off as a torn tail, as it would a half-written
-record. An append whose check fails is cut off again (``ftruncate`` to where it began;
-if that fails, the writer fails and its reopen cuts it), so a rejected append leaves the
-log as it was. Frontier records are small and written whole.
+the record is a bad frame (type 0) at the end of the open segment: a reader stops there
+(one whose read raced the seal and the next record reads the file again:
+lamina.wal.segment.scan_file), and recovery after a crash cuts it off as a torn tail, as
+it would a half-written record. An append whose check fails is cut off again
+(``ftruncate`` to where it began; if that fails, the writer fails and its reopen cuts it),
+so a rejected append leaves the log as it was. Frontier records are small and written
+whole.
 
 Compression: ``compression`` ("none", "lz4" or "zstd") is how this writer writes the
 buffers of its UPDATES records (lamina.wal.record). It creates segments of format version

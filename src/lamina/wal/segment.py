@@ -40,14 +40,17 @@ Invariants:
 
 Scanning rules (docs/architecture.md, torn tail vs corruption): in the open segment a bad frame
 with no valid frame after it
-is a torn tail (cut off on recovery); a bad frame followed by a valid one is corruption.
-In a finished segment any damage is corruption. Corruption names file and offset.
+is a torn tail (cut off on recovery); a bad frame followed by a valid one is corruption
+(an unsealed record's header of zeros only if it is still there when the file is read
+again: :func:`scan_file`). In a finished segment any damage is corruption. Corruption
+names file and offset.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +60,7 @@ from lamina.wal.record import (
     HEADER,
     HEADER_SIZE,
     MAX_PAYLOAD,
+    UNSEALED,
     BadFrame,
     Record,
     RecordType,
@@ -254,11 +258,35 @@ def _read_header(buf: memoryview, path: Path, *, finished: bool
     return rel, int(seq), end + 4, int(version)
 
 
+RACE_RETRIES = 6
+"""How many times :func:`scan_file` reads an open segment again before it believes an
+unsealed record followed by a valid one."""
+
+
 def scan_file(seg: SegmentFile, relation: str | None = None) -> tuple[Scan, bytes]:
-    """Scan a segment file, returning the scan over a private copy of its bytes."""
-    data = seg.path.read_bytes()
-    return scan_buffer(memoryview(data), seg.path, finished=seg.finished, relation=relation,
-                       seq=seg.seq), data
+    """Scan a segment file, returning the scan over a private copy of its bytes.
+
+    The open segment may be read while its writer seals a record: the writer writes the
+    record behind a header of zeros, then writes the header over them, then the next
+    record (lamina.wal.log, "Sealing a record last"). A read is not atomic against those
+    writes, so it can copy the zeros before they were replaced and the next record after
+    it was written: bytes the file never held at any one moment, which the rules above
+    call corruption (a bad frame followed by a valid one). Where the bad frame of an open
+    segment is exactly such a zero header, the file is read again (up to
+    :data:`RACE_RETRIES` times, a millisecond or a few apart); a race is gone by then,
+    damage stays and is reported."""
+    for attempt in range(RACE_RETRIES + 1):
+        data = seg.path.read_bytes()
+        try:
+            return scan_buffer(memoryview(data), seg.path, finished=seg.finished,
+                               relation=relation, seq=seg.seq), data
+        except CorruptionError as exc:
+            at = exc.offset
+            if (seg.finished or attempt == RACE_RETRIES or at is None
+                    or data[at:at + HEADER_SIZE] != UNSEALED):
+                raise
+        time.sleep(0.001 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def read_frontiers(seg: SegmentFile, relation: str) -> Scan:
