@@ -172,20 +172,18 @@ def _child(who: str, path: Path) -> dict[str, Any]:
     return doc
 
 
-def compile_lamina() -> int:
+def compile_lamina() -> None:
     """Byte-compile lamina's modules as installing its wheel does (pip compiles what it
     installs; ``deltalake`` and ``duckdb`` arrive compiled), so that no child compiles them:
     with the source tree on the path and ``PYTHONDONTWRITEBYTECODE`` set, as in this
     repository's sandboxes, the warm-up child writes no ``.pyc`` and every child compiled
     lamina's 30-odd modules again, 70 to 100 ms of a cold read (2026-11-28) that an
-    installed lamina never pays. ``compileall`` writes them whatever that variable says.
-    Returns the number of modules found."""
+    installed lamina never pays. ``compileall`` writes them whatever that variable says."""
     import lamina
 
     root = Path(lamina.__file__).parent
     if not compileall.compile_dir(str(root), quiet=1):
         raise SystemExit(f"byte-compiling {root} failed")
-    return sum(1 for _ in root.rglob("*.py"))
 
 
 def measure(store_dir: Path, delta_dir: Path, rounds: int) -> dict[str, Any]:
