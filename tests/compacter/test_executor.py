@@ -110,20 +110,24 @@ def test_errors_are_those_a_spark_task_would_raise(tmp_path: Path,
 
 def test_cancel_relation_returns_at_once_and_spares_the_others(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A job whose thread sleeps (in its first file rename) is cancelled by relation: its
-    awaiter raises JobCancelledError at once; the other relation's job completes."""
+    """A job whose thread sleeps (in the process's first file rename) is cancelled by
+    relation: its awaiter raises JobCancelledError at once; the other relation's job, which
+    never sleeps, completes."""
     backlog(tmp_path, "a", rounds=4)
     backlog(tmp_path, "b", rounds=4)
     ta, wa = _open(tmp_path, "a")
     tb, wb = _open(tmp_path, "b")
-    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:3"))
+    # Only the process's first rename sleeps (a's), long enough that b's whole conversion
+    # fits in it on a busy machine (CI once took more than 3 s for it, and a finished first).
+    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:30@1"))
     ex = InProcessExecutor(2)
 
     async def run() -> tuple[BaseException | None, float]:
         slow = asyncio.create_task(ex.convert("a", ta, plan_conversion(ta.state,
                                                                        spans(ta, wa))))
-        await until("a's job to write", lambda: ex.running().get("a") == 1
-                    and writing(ta.store.root))
+        await until("a's job to sleep in its first rename",
+                    lambda: ex.running().get("a") == 1 and writing(ta.store.root)
+                    and failpoints.ACTIVE["fs.before_rename"].hits == 1)
         other = await ex.convert("b", tb, plan_conversion(tb.state, spans(tb, wb)))
         assert other.parts
         started = time.monotonic()
@@ -138,7 +142,7 @@ def test_cancel_relation_returns_at_once_and_spares_the_others(
     exc, waited = asyncio.run(run())
     assert isinstance(exc, JobCancelledError)
     assert "'a'" in str(exc)
-    assert waited < 1.5  # a's job sleeps 3 s
+    assert waited < 1.5  # a's job sleeps 30 s
     assert ex.running() == {}
 
 
