@@ -36,9 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from lamina import columns
+from lamina import columns, kernels
 from lamina.errors import DiffOverflowError
 from lamina.frontier import as_time
 from lamina.packed import merge_packed
@@ -48,6 +47,11 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 _WIDE = pa.decimal128(38, 0)
 _SHOWN = 300  # characters of an offending row quoted in an error message
+MIN_ROWS_PER_RANGE = 250_000
+"""The fewest rows :func:`merge_runs` gives a thread of its own (rows of other than packed
+integers). At 500,000, the cold read benchmark's snapshot (999,116 rows of an integer, a
+string and an integer in two parts) merged on one thread: its first read in a process took
+about 164 ms, against 113 ms on two (docs/performance.md, "Cold reads")."""
 
 
 def forward(table: pa.Table, since: int) -> pa.Table:
@@ -56,14 +60,14 @@ def forward(table: pa.Table, since: int) -> pa.Table:
         return table
     times = table.column(TIME)
     since_s = columns.scalar(as_time(since), pa.uint64())
-    forwarded = pc.if_else(pc.less(times, since_s), since_s, times)
+    forwarded = kernels.if_else(kernels.less(times, since_s), since_s, times)
     return table.set_column(table.schema.get_field_index(TIME), TIME, forwarded)
 
 
 def _int64_sums_exact(diffs: pa.ChunkedArray | pa.Array) -> bool:
     """Whether int64 sums of any subset of ``diffs`` are exact: the largest magnitude times
     the count stays below 2**63, so no partial sum can wrap."""
-    lo, hi = pc.min_max(diffs).values()
+    lo, hi = kernels.min_max(diffs)
     if not lo.is_valid:
         return True
     return bool(max(abs(lo.as_py()), abs(hi.as_py())) * len(diffs) <= INT64_MAX)
@@ -84,18 +88,19 @@ def consolidate(table: pa.Table, group_columns: Sequence[str], order: Sequence[s
             [(DIFF, "sum")])
         diffs = grouped.column(f"{DIFF}_sum")
     else:
-        wide = table.append_column("__wide", pc.cast(table.column(DIFF), _WIDE))
+        wide = table.append_column("__wide", kernels.cast(table.column(DIFF), _WIDE))
         grouped = wide.group_by(list(group_columns), use_threads=True).aggregate(
             [("__wide", "sum")])
         sums = grouped.column("__wide_sum")
-        lo, hi = pc.min_max(sums).values()
+        lo, hi = kernels.min_max(sums)
         if lo.as_py() < INT64_MIN or hi.as_py() > INT64_MAX:
             keys = pa.Table.from_arrays([grouped.column(c) for c in cols], names=cols)
             return _out_of_range(keys, sums, order, context=context, carry=carry)
-        diffs = pc.cast(sums, pa.int64())
+        diffs = kernels.cast(sums, pa.int64())
     out = pa.Table.from_arrays([*(grouped.column(c) for c in cols), diffs],
                                names=[*cols, DIFF])
-    out = out.filter(pc.not_equal(out.column(DIFF), columns.scalar(0, pa.int64())))
+    out = kernels.filter(out, kernels.not_equal(out.column(DIFF),
+                                                 columns.scalar(0, pa.int64())))
     return sort(out, order)
 
 
@@ -112,11 +117,14 @@ def carry_pieces(total: int) -> list[int]:
 def _out_of_range(keys: pa.Table, sums: pa.ChunkedArray, order: Sequence[str], *,
                   context: str, carry: bool) -> pa.Table:
     """Finish :func:`consolidate` when some exact sum leaves int64: carry, or raise."""
-    fits = pc.and_(pc.greater_equal(sums, pa.scalar(INT64_MIN, _WIDE)),
-                   pc.less_equal(sums, pa.scalar(INT64_MAX, _WIDE)))
-    rest = keys.filter(fits).append_column(DIFF, pc.cast(sums.filter(fits), pa.int64()))
-    rest = rest.filter(pc.not_equal(rest.column(DIFF), 0))
-    over_keys, over_sums = keys.filter(pc.invert(fits)), sums.filter(pc.invert(fits))
+    fits = kernels.and_(kernels.greater_equal(sums, pa.scalar(INT64_MIN, _WIDE)),
+                        kernels.less_equal(sums, pa.scalar(INT64_MAX, _WIDE)))
+    rest = kernels.filter(keys, fits).append_column(
+        DIFF, kernels.cast(kernels.filter(sums, fits), pa.int64()))
+    rest = kernels.filter(rest, kernels.not_equal(rest.column(DIFF),
+                                                  columns.scalar(0, pa.int64())))
+    over = kernels.invert(fits)
+    over_keys, over_sums = kernels.filter(keys, over), kernels.filter(sums, over)
     if carry:
         index: list[int] = []
         pieces: list[int] = []
@@ -124,7 +132,7 @@ def _out_of_range(keys: pa.Table, sums: pa.ChunkedArray, order: Sequence[str], *
             p = carry_pieces(int(total))
             index.extend([i] * len(p))
             pieces.extend(p)
-        carried = over_keys.take(pa.array(index, pa.int64())).append_column(
+        carried = kernels.take(over_keys, pa.array(index, pa.int64())).append_column(
             DIFF, pa.array(pieces, pa.int64()))
         # sort_indices is stable: each carry keeps its pieces in carry_pieces order
         return sort(pa.concat_tables([rest, carried]), order)
@@ -152,10 +160,11 @@ def carries_only(table: pa.Table, group_columns: Sequence[str]) -> bool:
     if table.num_rows == 0:
         return True
     wide = table.select(list(group_columns)).append_column(
-        "__wide", pc.cast(table.column(DIFF), _WIDE))
+        "__wide", kernels.cast(table.column(DIFF), _WIDE))
     g = wide.group_by(list(group_columns)).aggregate(
         [("__wide", "sum"), ("__wide", "count"), ("__wide", "min"), ("__wide", "max")])
-    repeated = g.filter(pc.greater(g.column("__wide_count"), 1))
+    repeated = kernels.filter(g, kernels.greater(g.column("__wide_count"),
+                                                 columns.scalar(1, pa.int64())))
     for total, n, lo, hi in zip(*(repeated.column(f"__wide_{a}").to_pylist()
                                   for a in ("sum", "count", "min", "max")), strict=True):
         s = int(total)
@@ -172,10 +181,10 @@ def _changes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     a, b = column.slice(1), column.slice(0, len(column) - 1)
-    ne = pc.not_equal(a, b)
+    ne = kernels.not_equal(a, b)
     if column.null_count:
-        an, bn = pc.is_null(a), pc.is_null(b)
-        ne = pc.if_else(pc.or_(an, bn), pc.xor(an, bn), ne)
+        an, bn = kernels.is_null(a), kernels.is_null(b)
+        ne = kernels.if_else(kernels.or_(an, bn), kernels.xor(an, bn), ne)
     return columns.numpy(ne)
 
 
@@ -217,7 +226,7 @@ def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | No
         rows = table  # nothing to sum or drop (common when merging consolidated runs)
     else:  # a mask of the kept run starts: filtering is cheaper than taking by index
         starts_mask[starts[~keep]] = False
-        rows = table.filter(columns.array(starts_mask))
+        rows = kernels.filter(table, columns.array(starts_mask))
     return pa.Table.from_arrays(  # fields as consolidate() makes them (nullable, no metadata)
         [columns.array(sums[keep]) if name == DIFF else rows.column(name)
          for name in table.column_names], names=table.column_names)
@@ -236,12 +245,13 @@ def _cuts(run: pa.Table, column: str, bounds: Sequence[pa.Scalar]) -> list[int]:
     of rows whose value is null or below the bound."""
     col = run.column(column)
     nulls = col.null_count
-    return [nulls + int(pc.sum(pc.less(col, b)).as_py() or 0) for b in bounds]
+    return [nulls + int(kernels.sum(kernels.less(col, b)).as_py() or 0) for b in bounds]
 
 
 def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
                row_columns: Sequence[str], sort_columns: Sequence[str], *,
-               workers: int = 1, min_rows_per_worker: int = 500_000) -> pa.Table | None:
+               workers: int = 1, min_rows_per_worker: int | None = None
+               ) -> pa.Table | None:
     """Consolidate ``runs`` (each sorted by ``sort_columns``, nulls first, with ``_diff``)
     and ``unsorted`` tables of the same columns: the rows :func:`consolidate` gives over
     all of them, in ``sort_columns`` order, or None where :func:`sum_adjacent` declines.
@@ -255,11 +265,14 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     ``workers`` ranges of the first sort column (its values at the quantiles of the
     largest run), and each range is merged on its own thread: rows equal in every row
     column share that value, so no run of equal rows straddles two ranges, and the ranges'
-    results concatenated in order are sorted. (Arrow's sort is single-threaded.)"""
+    results concatenated in order are sorted. (Arrow's sort is single-threaded.) A range
+    gets at least ``min_rows_per_worker`` rows (None: :data:`MIN_ROWS_PER_RANGE` here, and
+    lamina.packed's own default for packed rows)."""
     pieces = [t for t in runs if t.num_rows]
     loose_rows = [t for t in unsorted if t.num_rows]
     packed = merge_packed(pieces, loose_rows, row_columns, sort_columns, workers=workers,
-                          min_rows_per_worker=min_rows_per_worker)
+                          **({} if min_rows_per_worker is None
+                             else {"min_rows_per_worker": min_rows_per_worker}))
     if packed is not None:
         return packed
     if loose_rows:
@@ -268,7 +281,8 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
                          for c in row_columns):
         return None
     total = sum(t.num_rows for t in pieces)
-    workers = min(workers, total // max(1, min_rows_per_worker))
+    least = MIN_ROWS_PER_RANGE if min_rows_per_worker is None else min_rows_per_worker
+    workers = min(workers, total // max(1, least))
     bounds: list[pa.Scalar] = []
     cuts = [[0, t.num_rows] for t in pieces]  # per piece, where each range starts and ends
     if workers > 1 and sort_columns and _splittable(pieces[0].schema.field(sort_columns[0]).type):
@@ -310,8 +324,7 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
 def sort(table: pa.Table, order: Sequence[str]) -> pa.Table:
     if table.num_rows <= 1 or not order:
         return table
-    idx = pc.sort_indices(table, sort_keys=[(c, "ascending", "at_start") for c in order])
-    return table.take(idx)
+    return kernels.take(table, kernels.sort_indices(table, order))
 
 
 def consolidate_updates(table: pa.Table, row_columns: Sequence[str],
@@ -341,6 +354,6 @@ def snapshot_of(table: pa.Table, as_of: int, row_columns: Sequence[str],
                 sort_columns: Sequence[str], *, context: str) -> pa.Table:
     """Rows whose diffs over updates with ``_time <= as_of`` sum to non-zero."""
     if table.num_rows:
-        table = table.filter(pc.less_equal(table.column(TIME),
-                                           columns.scalar(as_of, pa.uint64())))
+        table = kernels.filter(table, kernels.less_equal(table.column(TIME),
+                                                         columns.scalar(as_of, pa.uint64())))
     return consolidate(table.drop_columns([TIME]), row_columns, sort_columns, context=context)

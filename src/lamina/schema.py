@@ -55,8 +55,8 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from lamina import kernels
 from lamina.errors import (
     CorruptionError,
     DiffOutOfRangeError,
@@ -263,7 +263,7 @@ def conform_updates(meta: RelationMeta, data: object) -> pa.Table:
                 raise SchemaError(f"column {field.name!r} has type {col.type}, relation "
                                   f"{meta.name!r} expects {field.type}")
             try:
-                col = pc.cast(col, field.type, safe=True)
+                col = kernels.cast(col, field.type)
             except pa.ArrowInvalid as exc:
                 raise SchemaError(f"column {field.name!r} cannot be converted from {col.type} "
                                   f"to {field.type} without loss: {exc}") from exc
@@ -284,20 +284,20 @@ def check_diffs(meta: RelationMeta, table: pa.Table) -> pa.Table:
     update (its index, row, time and diff), how many there are, and the bound."""
     diffs = table.column(DIFF)
     # numpy over the value buffers (no nulls: _diff is not nullable): per append, Arrow's
-    # function dispatch for pc.min_max cost several times the pass (docs/performance.md)
-    if all(int(a.min()) >= -MAX_DIFF and int(a.max()) <= MAX_DIFF for a in (
-            np.frombuffer(c.buffers()[1], np.int64, len(c), c.offset * 8)
-            for c in diffs.chunks if len(c))):
+    # function dispatch for min_max cost several times the pass (docs/performance.md)
+    chunks = [np.frombuffer(c.buffers()[1], np.int64, len(c), c.offset * 8)
+              for c in diffs.chunks if len(c)]
+    if all(int(a.min()) >= -MAX_DIFF and int(a.max()) <= MAX_DIFF for a in chunks):
         return table
-    bad = pc.or_(pc.less(diffs, pa.scalar(-MAX_DIFF, pa.int64())),
-                 pc.greater(diffs, pa.scalar(MAX_DIFF, pa.int64())))
-    index = pc.index(bad, True).as_py()
+    values = np.concatenate(chunks)
+    bad = (values < -MAX_DIFF) | (values > MAX_DIFF)
+    index = int(np.argmax(bad))
     update = table.slice(index, 1).to_pylist()[0]
     diff = update.pop(DIFF)
     shown = repr(update)
     if len(shown) > _SHOWN:
         shown = shown[:_SHOWN] + "...}"
-    count = pc.sum(bad).as_py()
+    count = int(bad.sum())
     raise DiffOutOfRangeError(
         f"updates for relation {meta.name!r}: update {index} {shown} has {DIFF} {diff}, "
         f"outside the per-update bound [-2**62, 2**62]"

@@ -36,10 +36,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from lamina import columns
+from lamina import columns, kernels
 from lamina.datadir import RelationFiles
 from lamina.errors import InvalidArgumentError, SchemaError
 from lamina.objstore.base import ObjectStore
@@ -47,6 +45,7 @@ from lamina.read.snapshot import consolidated
 from lamina.read.view import filter_times, pin, resolve_as_of
 from lamina.schema import DIFF, TIME, RelationMeta
 from lamina.trace.batch import OpenPart, PartFile
+from lamina.trace.parquet import FileMetaData
 
 
 def key_table(meta: RelationMeta, keys: pa.Table | Mapping[str, Any]) -> pa.Table:
@@ -69,7 +68,7 @@ def key_table(meta: RelationMeta, keys: pa.Table | Mapping[str, Any]) -> pa.Tabl
     for name in meta.key:
         target = meta.schema.field(name).type
         try:
-            arrays.append(keys.column(name).cast(target))
+            arrays.append(kernels.cast(keys.column(name), target))
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise SchemaError(f"key column {name!r} cannot be cast to {target}: {exc}") from exc
     return pa.Table.from_arrays(arrays, names=list(meta.key))
@@ -90,11 +89,11 @@ class PartIndex:
     """The footer of one part and the first key column's range per row group: ``(min,
     max)``, or None where a group has no usable statistics or holds nulls (always read)."""
 
-    metadata: pq.FileMetaData
+    metadata: FileMetaData
     ranges: tuple[tuple[Any, Any] | None, ...]
 
     @classmethod
-    def of(cls, metadata: pq.FileMetaData, column: int) -> PartIndex:
+    def of(cls, metadata: FileMetaData, column: int) -> PartIndex:
         ranges: list[tuple[Any, Any] | None] = []
         for rg in range(metadata.num_row_groups):
             stats = metadata.row_group(rg).column(column).statistics
@@ -120,7 +119,7 @@ class KeyIndex:
     def _key(store: ObjectStore, part: PartFile) -> tuple[str, int, int]:
         return store.location(part.path), part.crc32c, part.bytes
 
-    def footer(self, store: ObjectStore, part: PartFile) -> pq.FileMetaData | None:
+    def footer(self, store: ObjectStore, part: PartFile) -> FileMetaData | None:
         with self._mu:
             entry = self._entries.get(self._key(store, part))
             return None if entry is None else entry.metadata
@@ -147,7 +146,7 @@ class _Matcher:
         self.key = list(meta.key)
         self.keys = keys
         self.index = index
-        self.values = {name: pc.unique(keys.column(name).combine_chunks())
+        self.values = {name: kernels.unique(keys.column(name).combine_chunks())
                        for name in self.key}
         first = [v for v in self.values[self.key[0]].to_pylist() if v is not None]
         try:
@@ -183,19 +182,19 @@ class _Matcher:
         when the key has several columns)."""
         mask = None
         for name in self.key:
-            m = pc.is_in(table.column(name), value_set=self.values[name], skip_nulls=False)
-            mask = m if mask is None else pc.and_(mask, m)
+            m = kernels.is_in(table.column(name), self.values[name])
+            mask = m if mask is None else kernels.and_(mask, m)
         assert mask is not None  # a key has at least one column
         return mask
 
     def rows(self, table: pa.Table) -> pa.Table:
         if not table.num_rows:
             return table
-        table = table.filter(self.mask(table))
+        table = kernels.filter(table, self.mask(table))
         if len(self.key) > 1 and table.num_rows:  # the columns matched, now the tuples
             exact = [tuple(r[k] for k in self.key) in self.tuples
                      for r in table.select(self.key).to_pylist()]
-            table = table.filter(columns.array(np.array(exact, dtype=np.bool_)))
+            table = kernels.filter(table, columns.array(np.array(exact, dtype=np.bool_)))
         return table
 
 

@@ -21,10 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from lamina import columns
+from lamina import columns, kernels
 from lamina.datadir import RelationFiles
 from lamina.errors import AsOfOutOfRangeError, StorageError
 from lamina.frontier import as_time, fmt, time_arg
@@ -32,6 +30,7 @@ from lamina.objstore.base import ObjectStore
 from lamina.schema import TIME
 from lamina.trace.batch import BatchDesc, OpenPart, PartFile
 from lamina.trace.lease import Lease
+from lamina.trace.parquet import FileMetaData
 from lamina.trace.state import PendingPart, StateStore, TraceState
 from lamina.wal.reader import segment_updates
 from lamina.wal.segment import SegmentFile
@@ -64,10 +63,10 @@ def filter_times(table: pa.Table, lo: int, hi: int) -> pa.Table:
     """The rows of an update table with ``lo <= _time <= hi`` (``hi`` may be a frontier's
     ``CLOSED``, which bounds nothing)."""
     times = table.column(TIME)
-    keep = pc.less_equal(times, columns.scalar(as_time(hi), pa.uint64()))
+    keep = kernels.less_equal(times, columns.scalar(as_time(hi), pa.uint64()))
     if lo > 0:
-        keep = pc.and_(pc.greater_equal(times, columns.scalar(lo, pa.uint64())), keep)
-    return table.filter(keep)
+        keep = kernels.and_(kernels.greater_equal(times, columns.scalar(lo, pa.uint64())), keep)
+    return kernels.filter(table, keep)
 
 
 @dataclass
@@ -117,7 +116,7 @@ class PinnedView:
         self.close()
 
 
-Footers = Callable[[ObjectStore, PartFile], "pq.FileMetaData | None"]
+Footers = Callable[[ObjectStore, PartFile], "FileMetaData | None"]
 """Known footers of immutable part files (lamina.read.lookup caches them), or None."""
 
 

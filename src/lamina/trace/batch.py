@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from lamina import kernels
 from lamina.errors import CorruptionError
 from lamina.fs import crc32c
+from lamina.trace.parquet import FileMetaData, ParquetFile
 
 if TYPE_CHECKING:
     from lamina.objstore.base import ObjectStore
@@ -118,10 +118,11 @@ def wants_dictionary(head: pa.Array | pa.ChunkedArray) -> bool:
     """Whether a column whose first row group's worth of values is ``head`` gets a Parquet
     dictionary (:func:`parquet_options`): few distinct values, recurring apart."""
     rows = len(head)
-    distinct = int(pc.count_distinct(head, mode="all").as_py())
+    distinct = kernels.count_distinct(head)
     if rows == 0 or distinct > DICTIONARY_MAX_DISTINCT * rows:
         return False
-    changes = int(pc.sum(pc.not_equal(head.slice(1), head.slice(0, rows - 1))).as_py() or 0)
+    changes = int(kernels.sum(kernels.not_equal(head.slice(1), head.slice(0, rows - 1)))
+                  .as_py() or 0)
     return changes + 1 >= DICTIONARY_MIN_RUNS * distinct
 
 
@@ -164,6 +165,8 @@ def write_part(store: ObjectStore, key: str, schema: pa.Schema,
     """Write ``tables`` (already ordered) as one Parquet object, durably; return its entry.
     Which columns get a dictionary is decided from the first rows
     (:func:`parquet_options`)."""
+    import pyarrow.parquet as pq  # the writer: not on the read path (lamina.trace.parquet)
+
     rows = 0
     pending = iter(tables)
     first = next((t for t in pending if t.num_rows), None)
@@ -193,7 +196,8 @@ def read_part(store: ObjectStore, part: PartFile, columns: list[str] | None = No
     if crc32c(data) != part.crc32c:
         raise CorruptionError("batch file checksum mismatch", path=where)
     try:
-        table = pq.read_table(pa.BufferReader(data), columns=columns)
+        table = ParquetFile(pa.BufferReader(data), page_checksum_verification=False
+                            ).read(columns)  # the whole file's CRC32C is checked above
     except (pa.ArrowException, OSError) as exc:
         raise CorruptionError(f"batch file is not readable Parquet: {exc}", path=where) from exc
     if table.num_rows != part.rows:
@@ -206,7 +210,7 @@ _VERIFY_BLOCK = 8 << 20
 
 
 class OpenPart:
-    """One part opened for reading: a :class:`pyarrow.parquet.ParquetFile` over the store's
+    """One part opened for reading: a :class:`lamina.trace.parquet.ParquetFile` over the store's
     reader (``ObjectStore.open_input``), verifying the pages it reads by their checksums
     and, with ``verify``, the whole file's size and CRC32C first (readers, and the one-pass
     merge's tasks, lamina.compacter.step.merge). A read's lease keeps the part in the store until
@@ -214,7 +218,7 @@ class OpenPart:
     keeps its bytes readable after garbage collection unlinks the file."""
 
     def __init__(self, store: ObjectStore, part: PartFile, *, verify: bool,
-                 metadata: pq.FileMetaData | None = None) -> None:
+                 metadata: FileMetaData | None = None) -> None:
         self.part = part
         self.store = store
         self.path = store.location(part.path)
@@ -226,8 +230,7 @@ class OpenPart:
             # no pre-buffering: it coalesces reads through an I/O thread pool, which for
             # the small, scattered row-group reads of a lookup from a local file cost a
             # third more time (measured; an object store would want it back)
-            self.file = pq.ParquetFile(self._file, metadata=metadata, pre_buffer=False,
-                                       page_checksum_verification=True)
+            self.file = ParquetFile(self._file, metadata=metadata)
             if self.file.metadata.num_rows != part.rows:
                 raise CorruptionError(f"batch file has {self.file.metadata.num_rows} rows, "
                                       f"its description says {part.rows}", path=self.path)
