@@ -51,7 +51,8 @@ MIN_ROWS_PER_RANGE = 250_000
 """The fewest rows :func:`merge_runs` gives a thread of its own (rows of other than packed
 integers). At 500,000, the cold read benchmark's snapshot (999,116 rows of an integer, a
 string and an integer in two parts) merged on one thread: its first read in a process took
-about 164 ms, against 113 ms on two (docs/performance.md, "Cold reads")."""
+about 164 ms, against 113 ms on two (docs/performance.md, "Reading without pyarrow's
+Python layers")."""
 
 
 def forward(table: pa.Table, since: int) -> pa.Table:
