@@ -138,11 +138,16 @@ def test_dropping_a_relation_cancels_its_running_job(tmp_path: Path,
     first file) when the relation is dropped: the daemon cancels the job at its next scan,
     commits nothing, removes the trace, and the name can be used again."""
     backlog(tmp_path, rounds=6)
-    monkeypatch.setattr(failpoints, "ACTIVE", failpoints.parse("fs.before_rename=sleep:6"))
+    # 12 s: on a busy machine (CI) the job once finished a 6 s sleep before the drop
+    sleep = 12.0
+    monkeypatch.setattr(failpoints, "ACTIVE",
+                        failpoints.parse(f"fs.before_rename=sleep:{sleep}"))
     daemon = _daemon(tmp_path)
     trace_dir = DataDir(tmp_path).trace_dir("orders")
+    woken = 0.0
 
     async def run() -> float:
+        nonlocal woken
         task = asyncio.create_task(daemon.run())
         ex: Any = None
 
@@ -150,9 +155,10 @@ def test_dropping_a_relation_cancels_its_running_job(tmp_path: Path,
             nonlocal ex
             ex = daemon.executor
             return (isinstance(ex, InProcessExecutor) and ex.running().get("orders") == 1
-                    and writing(trace_dir))
+                    and writing(trace_dir) and failpoints.ACTIVE["fs.before_rename"].hits == 1)
 
-        await until("the conversion to start", in_flight)
+        await until("the conversion to sleep in its first rename", in_flight)
+        woken = time.monotonic() + sleep
         with Store.open(tmp_path) as store:
             store.drop_relation("orders")
         dropped = time.monotonic()
@@ -174,7 +180,8 @@ def test_dropping_a_relation_cancels_its_running_job(tmp_path: Path,
                   outcome="cancelled") == 1
     assert daemon.metrics.registry.get_sample_value(
         "lamina_wal_pending_bytes", {"relation": "orders"}) is None
-    time.sleep(3)  # the abandoned thread wakes and fails; nothing of it becomes visible
+    time.sleep(max(0.0, woken + 1 - time.monotonic()))  # the abandoned thread wakes and
+    # fails; nothing of it becomes visible
     assert not trace_dir.exists() or _versions(tmp_path, "orders") == []
 
 
