@@ -9,6 +9,7 @@
     .venv/bin/python -m bench.profile timeline [--step convert|merge] [--scale 1.0] [--runs 2]
     .venv/bin/python -m bench.profile pertask [--runs 5] [--conf K=V ...]
     .venv/bin/python -m bench.profile reads --store DIR [--relation peers] [--cell CELL]
+                                            [--read snapshot|snapshot_reader|updates]
                                             [--runs 3]
 
 ``tasks`` runs the step's Spark tasks in this process, one after the other, with no Spark
@@ -41,7 +42,9 @@ configuration.
 
 ``reads`` starts ``--runs`` fresh processes that each read the latest snapshot of
 ``--store``'s relation twice and prints the first call's wall, system CPU and page
-faults, the second call's wall and the peak RSS. With ``--cell`` each process first lives
+faults, the second call's wall, the peak RSS and whether pandas was imported (``--read``:
+the streamed snapshot, ``snapshot_reader().read_all()``, or the whole history,
+``updates()``, instead). With ``--cell`` each process first lives
 as a bench.peers writer would: it appends that cell's stream (fsync "never") into a
 scratch store and drops it, which leaves its memory as fragmented as the peers benchmark's
 process is when it reads. ``python -m bench.peers_contenders lamina CELL DIR`` leaves a
@@ -577,7 +580,13 @@ def syncs(runs: int) -> None:
                 print(f"  {way:36s} {median:.3f}  ({base / median:.2f}x)")
 
 
-def _read_child(store: str, relation: str, cell: str | None) -> None:
+READS = {"snapshot": lambda rel: rel.snapshot().num_rows,
+         "snapshot_reader": lambda rel: rel.snapshot_reader().read_all().num_rows,
+         "updates": lambda rel: rel.updates().num_rows}
+"""What ``reads --read`` calls, returning the rows read."""
+
+
+def _read_child(store: str, relation: str, cell: str | None, read: str) -> None:
     """One fresh process's reads (see ``reads``), as one JSON line on stdout."""
     import resource
 
@@ -597,35 +606,38 @@ def _read_child(store: str, relation: str, cell: str | None) -> None:
         rel = opened.relation(relation)
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
-        rows = rel.snapshot().num_rows
+        rows = READS[read](rel)
         first = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
-        rel.snapshot()
+        READS[read](rel)
         second = time.perf_counter() - started
     print(json.dumps({"rows": rows, "first": first, "second": second,
                       "first_system": after.ru_stime - before.ru_stime,
                       "first_faults": after.ru_minflt - before.ru_minflt,
-                      "max_rss_mib": after.ru_maxrss / 1024}))
+                      "max_rss_mib": after.ru_maxrss / 1024,
+                      "pandas": "pandas" in sys.modules}))
 
 
-def reads(store: str, relation: str, cell: str | None, runs: int) -> None:
-    """Fresh processes reading ``store``'s latest snapshot twice, each after a writer's
-    life of ``cell``'s stream if given: the first call's wall, system CPU and page faults,
-    the second call's wall, peak RSS; per run, then medians."""
+def reads(store: str, relation: str, cell: str | None, runs: int, read: str) -> None:
+    """Fresh processes reading ``store``'s latest snapshot (or ``read``: :data:`READS`)
+    twice, each after a writer's life of ``cell``'s stream if given: the first call's
+    wall, system CPU and page faults, the second call's wall, peak RSS; per run, then
+    medians."""
     import statistics
 
     out = []
     for i in range(runs):
         cmd = [sys.executable, "-m", "bench.profile", "_read_child", "--store", store,
-               "--relation", relation] + (["--cell", cell] if cell else [])
+               "--relation", relation, "--read", read] + (["--cell", cell] if cell else [])
         done = subprocess.run(cmd, check=True, capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parents[1])
         r = json.loads(done.stdout.strip().splitlines()[-1])
         out.append(r)
         print(f"  run {i + 1}: {r['rows']:,} rows; first {r['first']:.3f} s (system "
               f"{r['first_system']:.3f} s, {r['first_faults']:,} faults), second "
-              f"{r['second']:.3f} s, peak RSS {r['max_rss_mib']:.0f} MiB")
+              f"{r['second']:.3f} s, peak RSS {r['max_rss_mib']:.0f} MiB"
+              + ("; pandas imported" if r["pandas"] else ""))
     print(f"median: first {statistics.median(r['first'] for r in out):.3f} s (system "
           f"{statistics.median(r['first_system'] for r in out):.3f} s), second "
           f"{statistics.median(r['second'] for r in out):.3f} s")
@@ -645,15 +657,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", help="reads: a data directory")
     parser.add_argument("--relation", default="peers", help="reads: the relation to read")
     parser.add_argument("--cell", help="reads: append this bench.peers cell's stream first")
+    parser.add_argument("--read", choices=sorted(READS), default="snapshot",
+                        help="reads: what each process reads")
     args = parser.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
     if args.mode in ("reads", "_read_child") and not args.store:
         parser.error(f"{args.mode} needs --store")
     if args.mode == "reads":
-        reads(args.store, args.relation, args.cell, max(args.runs, 1))
+        reads(args.store, args.relation, args.cell, max(args.runs, 1), args.read)
         return 0
     if args.mode == "_read_child":
-        _read_child(args.store, args.relation, args.cell)
+        _read_child(args.store, args.relation, args.cell, args.read)
         return 0
     if args.mode == "tasks":
         tasks(args.step, args.scale, args.top)

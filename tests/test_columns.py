@@ -16,6 +16,7 @@ import pytest
 from lamina import Store, columns
 from lamina.datadir import DataDir
 from lamina.trace.trace import Trace
+from tests.cold_reads import every_read
 from tests.trace.helpers import convert
 
 SCHEMA = pa.schema([("id", pa.int64()), ("item", pa.string())])
@@ -85,29 +86,27 @@ systems behind it (30 to 130 ms: lamina.trace.parquet)."""
 def test_a_cold_read_imports_neither_pandas_nor_pyarrows_python_layers(tmp_path: Path) -> None:
     """pandas is installed here (PySpark wants it), and importing it costs more than a
     whole cold snapshot; pyarrow.compute and pyarrow.parquet cost a third of one: a fresh
-    interpreter reads (the latest rows, an older time, a lookup; string rows, which are
-    not packed, and times forwarded by since) without any of them. The same reads in this
-    process give the answer the child printed."""
+    interpreter reads without any of them, through every read of the API (the latest rows,
+    an older time, a lookup, the streamed snapshot, the whole history and an interval of
+    updates, a subscription; string rows, which are not packed, and times forwarded by
+    since). The same reads in this process give what the child printed."""
     root = tmp_path / "data"
     _store_with_trace_and_wal(root)
     child = textwrap.dedent(f"""
         import sys
         from lamina import Store
+        from tests.cold_reads import every_read
         with Store.open({str(root)!r}, read_only=True) as store:
-            rel = store.relation("t")
-            snap = rel.snapshot()
-            old = rel.snapshot(as_of=2)
-            hits = rel.lookup({{"id": [0, 1, 2, 3]}})
-        print(snap.num_rows, old.num_rows, hits.num_rows,
-              [m for m in {COLD_READ_SKIPS!r} if m in sys.modules] or False)
+            got = every_read(store.relation("t"))
+        print(got, [m for m in {COLD_READ_SKIPS!r} if m in sys.modules] or False)
         """)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                         check=True, timeout=120)
+                         check=True, timeout=120, cwd=Path(__file__).parents[1])
     with Store.open(root, read_only=True) as store:
-        rel = store.relation("t")
-        want = (f"{rel.snapshot().num_rows} {rel.snapshot(as_of=2).num_rows} "
-                f"{rel.lookup({'id': [0, 1, 2, 3]}).num_rows} False")
-    assert out.stdout.split("\n")[0] == want, out.stderr
+        want = every_read(store.relation("t"))
+    assert out.stdout.split("\n")[0] == f"{want} False", out.stderr
+    assert want[4] > want[0] > 0  # the history holds more rows than the latest snapshot
+    assert want[6] > want[1]  # the subscription's intervals came after its snapshot
 
 
 def test_strings_build_the_array_pyarrow_would() -> None:

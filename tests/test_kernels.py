@@ -3,6 +3,8 @@ chunked arrays included (the read path calls these; the rest of lamina calls tho
 
 from __future__ import annotations
 
+from functools import partial
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -64,6 +66,27 @@ def test_cast_is_safe() -> None:
         kernels.cast(pa.array([2**40]), pa.int32())
     with pytest.raises(pa.ArrowInvalid):
         kernels.cast(pa.array([1.5]), pa.int64())
+
+
+def test_cast_table_is_table_cast() -> None:
+    """Types cast where they differ, the target's nullability and metadata taken, the
+    same table back where the schemas are equal; names must match; the cast is safe."""
+    table = pa.table({"id": pa.array([1, 2, 3], pa.int32()), "s": ["a", "b", None]})
+    target = pa.schema([pa.field("id", pa.int64(), nullable=False), ("s", pa.string())],
+                       metadata={"k": "v"})
+    got = kernels.cast_table(table, target)
+    assert got.equals(table.cast(target))
+    assert got.schema.equals(target, check_metadata=True)
+    assert kernels.cast_table(got, target) is got
+    with pytest.raises(ValueError, match="do not match"):
+        kernels.cast_table(table.rename_columns(["x", "s"]), target)
+    nulls = table.set_column(0, "id", pa.array([1, None, 3], pa.int32()))
+    for cast in (nulls.cast, partial(kernels.cast_table, nulls)):
+        with pytest.raises(ValueError, match="'id' with null values to non-nullable"):
+            cast(target)
+    with pytest.raises(pa.ArrowInvalid):
+        kernels.cast_table(pa.table({"id": [2**40], "s": ["a"]}),
+                           pa.schema([("id", pa.int32()), ("s", pa.string())]))
 
 
 def test_sort_indices_ascending_nulls_first_and_stable() -> None:

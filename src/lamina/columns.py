@@ -2,7 +2,8 @@
 
 pyarrow imports pandas, when it is installed, the first time a conversion has to ask
 whether an object is a pandas one: ``pa.scalar(5, pa.uint64())``, ``pa.array`` of a list
-or of a numpy array, a compute function given a Python number, ``to_numpy``. That import
+or of a numpy array, ``Schema.empty_table()``, a compute function given a Python number,
+``to_numpy``. That import
 takes half a second, more than a whole cold snapshot, so the read path (lamina.read,
 lamina.consolidate and what they call) builds its scalars and arrays here instead, from
 buffers, which never asks (tests/test_columns.py runs a first snapshot in a fresh
@@ -48,6 +49,12 @@ def strings(values: list[str]) -> pa.Array:
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
     return pa.Array.from_buffers(pa.string(), len(encoded),
                                  [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """``schema.empty_table()``, which builds its columns from Python lists and so imports
+    pandas: a table of ``schema`` with no rows, one empty chunk per column."""
+    return pa.Table.from_arrays([pa.nulls(0, field.type) for field in schema], schema=schema)
 
 
 def scalar(value: int | float, type: pa.DataType) -> pa.Scalar:

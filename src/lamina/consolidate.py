@@ -268,12 +268,11 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     column share that value, so no run of equal rows straddles two ranges, and the ranges'
     results concatenated in order are sorted. (Arrow's sort is single-threaded.) A range
     gets at least ``min_rows_per_worker`` rows (None: :data:`MIN_ROWS_PER_RANGE` here, and
-    lamina.packed's own default for packed rows)."""
+    lamina.packed.MIN_ROWS_PER_RANGE for packed rows)."""
     pieces = [t for t in runs if t.num_rows]
     loose_rows = [t for t in unsorted if t.num_rows]
     packed = merge_packed(pieces, loose_rows, row_columns, sort_columns, workers=workers,
-                          **({} if min_rows_per_worker is None
-                             else {"min_rows_per_worker": min_rows_per_worker}))
+                          min_rows_per_worker=min_rows_per_worker)
     if packed is not None:
         return packed
     if loose_rows:

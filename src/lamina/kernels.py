@@ -13,7 +13,7 @@ the command line) ``pyarrow.compute`` is the better read and costs nothing extra
 
 Beware the methods of Arrow objects that call it behind the scenes: ``Table.filter``,
 ``take``, ``cast``, ``sort_by`` and the like import ``pyarrow.compute`` on first use. The
-read path calls :func:`filter` and :func:`take` here instead.
+read path calls :func:`filter`, :func:`take` and :func:`cast_table` here instead.
 
 Each function is the ``pyarrow.compute`` function of the same name with the options
 lamina uses, and returns what that one returns. ``pyarrow._compute`` is private to
@@ -87,6 +87,23 @@ def cast(values: Any, target: pa.DataType) -> Any:
     """``pyarrow.compute.cast(values, target, safe=True)``: ArrowInvalid where a value
     would change."""
     return _call("cast", values, options=_compute.CastOptions.safe(target))
+
+
+def cast_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``Table.cast(schema)``: each column cast safely to its field's type where the types
+    differ, the schema's nullability and metadata taken. ValueError where the column names
+    differ or a column with nulls would become non-nullable."""
+    if table.schema.equals(schema):
+        return table
+    if table.schema.names != schema.names:
+        raise ValueError(f"target schema's field names {schema.names} do not match the "
+                         f"table's {table.schema.names}")
+    for col, field in zip(table.columns, schema, strict=True):
+        if not field.nullable and col.null_count:
+            raise ValueError(f"Casting field {field.name!r} with null values to non-nullable")
+    return pa.Table.from_arrays(
+        [col if col.type == field.type else cast(col, field.type)
+         for col, field in zip(table.columns, schema, strict=True)], schema=schema)
 
 
 def min_max(values: pa.Array | pa.ChunkedArray) -> tuple[pa.Scalar, pa.Scalar]:

@@ -54,6 +54,10 @@ from lamina.schema import DIFF
 
 _WORD = 1 << 64
 _INT64_MAX = (1 << 63) - 1
+MIN_ROWS_PER_RANGE = 500_000
+"""The fewest rows :func:`merge_packed` gives a thread's key range (``min_rows_per_worker``
+None): below it, one numpy sort on one thread beats cutting the keys and merging the
+ranges apart. (The unpacked merge has its own, lamina.consolidate.MIN_ROWS_PER_RANGE.)"""
 
 
 def _packable(t: pa.DataType) -> bool:
@@ -155,7 +159,8 @@ def _digits(pieces: Sequence[pa.Table], sort_columns: Sequence[str]) -> list[_Di
 
 def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
                  row_columns: Sequence[str], sort_columns: Sequence[str], *,
-                 workers: int = 1, min_rows_per_worker: int = 500_000) -> pa.Table | None:
+                 workers: int = 1, min_rows_per_worker: int | None = None
+                 ) -> pa.Table | None:
     """Consolidate ``runs`` (each sorted by ``sort_columns``) and ``unsorted`` tables (row
     columns and ``_diff``) by packed keys: the rows of
     :func:`lamina.consolidate.consolidate` over all of them, in ``sort_columns`` order,
@@ -165,7 +170,8 @@ def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     With ``workers > 1`` and enough rows the key space is cut into that many ranges at
     quantiles of the largest run's keys and each range is merged on a thread of its own
     (numpy's sort, gathers and arithmetic release the GIL); the ranges' tables, in order,
-    are the result."""
+    are the result. A range gets at least ``min_rows_per_worker`` rows (None:
+    :data:`MIN_ROWS_PER_RANGE`)."""
     sorted_pieces = [t for t in runs if t.num_rows]
     pieces = [*sorted_pieces, *(t for t in unsorted if t.num_rows)]
     if not pieces or sorted(row_columns) != sorted(sort_columns):
@@ -189,7 +195,8 @@ def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
     if all(len(k) < 2 or bool(np.all(k[1:] >= k[:-1])) for k in keys[len(sorted_pieces):]) \
             and all(a[-1] <= b[0] for a, b in pairwise(keys)):
         return _in_order(pieces, every_key, np.concatenate(diffs), digits)
-    ranges = max(1, min(workers, n // max(1, min_rows_per_worker)))
+    least = MIN_ROWS_PER_RANGE if min_rows_per_worker is None else min_rows_per_worker
+    ranges = max(1, min(workers, n // max(1, least)))
     bounds: list[int] = []
     if ranges > 1 and sorted_pieces:
         biggest = max(range(len(sorted_pieces)), key=lambda i: len(keys[i]))

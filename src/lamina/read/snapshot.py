@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lamina.consolidate import consolidate, merge_runs
+from lamina.columns import empty_table
+from lamina.consolidate import consolidate, consolidate_updates, merge_runs
 from lamina.datadir import RelationFiles
 from lamina.hugepages import small_pages
 from lamina.read.view import filter_times, pin, resolve_as_of
@@ -65,18 +66,28 @@ def snapshot(files: RelationFiles, as_of: object, *, upper: int, since: int) -> 
 
 
 def consolidated(meta: RelationMeta, parts: list[pa.Table], wal: list[pa.Table], *,
-                 context: str, workers: int = 1) -> pa.Table:
+                 context: str, workers: int = 1, timed: bool = False) -> pa.Table:
     """The consolidated rows of untimed updates: ``parts`` each sorted by row (trace parts,
     or rows filtered out of them in order), ``wal`` in any order. The sorted runs are
     merged (:func:`lamina.consolidate.merge_runs`, on ``workers`` threads); where that
     declines, a hash consolidation does it (``context`` names the read in its errors).
-    numpy's temporaries go without huge pages meanwhile (:mod:`lamina.hugepages`)."""
+    numpy's temporaries go without huge pages meanwhile (:mod:`lamina.hugepages`).
+
+    With ``timed``, the updates keep ``_time`` (parts sorted by row, then time) and are
+    consolidated per row and time, as :func:`lamina.consolidate.consolidate_updates` does:
+    ``Relation.updates`` (lamina.read.unsealed)."""
     runs = [loose(t) for t in parts]
     tail = [loose(t) for t in wal]
+    extra = [TIME] if timed else []
+    rows, order = [*meta.row_columns, *extra], [*meta.sort_columns, *extra]
     with small_pages():  # its temporaries (lamina.hugepages)
-        out = merge_runs(runs, tail, meta.row_columns, meta.sort_columns, workers=workers)
+        out = merge_runs(runs, tail, rows, order, workers=workers)
         if out is not None:
             return out
+        empty = empty_table(meta.update_schema)
         table = pa.concat_tables([*runs, *tail]) if runs or tail else \
-            loose(meta.update_schema.empty_table().drop_columns([TIME]))
+            loose(empty if timed else empty.drop_columns([TIME]))
+        if timed:
+            return consolidate_updates(table, meta.row_columns, meta.sort_columns,
+                                       context=context)
         return consolidate(table, meta.row_columns, meta.sort_columns, context=context)

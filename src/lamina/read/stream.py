@@ -33,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lamina import columns, kernels
 from lamina.consolidate import consolidate, sort, sum_adjacent
 from lamina.datadir import RelationFiles
 from lamina.read.view import PinnedView, filter_times, pin, resolve_as_of
@@ -85,9 +86,9 @@ def _presum(rows: pa.Table, meta: RelationMeta) -> pa.Table:
 
 def _part_chunks(parts: Sequence[tuple[OpenPart, bool]], meta: RelationMeta,
                  as_of: int) -> Iterator[pa.Table]:
-    columns = [*meta.row_columns, TIME, DIFF]
+    names = [*meta.row_columns, TIME, DIFF]
     for part, whole in parts:
-        for rb in part.file.iter_batches(batch_size=CHUNK_ROWS, columns=columns):
+        for rb in part.file.iter_batches(batch_size=CHUNK_ROWS, columns=names):
             t = pa.Table.from_batches([rb])
             if not whole:
                 t = filter_times(t, 0, as_of)
@@ -115,7 +116,7 @@ def merge_sorted(sources: list[Iterator[pa.Table]], meta: RelationMeta,
                  schema: pa.Schema, context: str) -> Iterator[pa.RecordBatch]:
     """The k-way merge of the module docstring over sorted ``sources`` of rows + _diff."""
     cols = meta.sort_columns
-    buffers: list[pa.Table] = [schema.empty_table()] * len(sources)
+    buffers: list[pa.Table] = [columns.empty_table(schema)] * len(sources)
     live = [True] * len(sources)
     while True:
         tails = []
@@ -128,8 +129,9 @@ def merge_sorted(sources: list[Iterator[pa.Table]], meta: RelationMeta,
                 if nxt is None:
                     live[i] = False
                 else:
-                    buffers[i] = pa.concat_tables([buffers[i], nxt.cast(schema)]) \
-                        if buffers[i].num_rows else nxt.cast(schema)
+                    nxt = kernels.cast_table(nxt, schema)
+                    buffers[i] = pa.concat_tables([buffers[i], nxt]) \
+                        if buffers[i].num_rows else nxt
             if live[i]:
                 tails.append(_row_key(buffers[i], buffers[i].num_rows - 1, cols))
         if not any(b.num_rows for b in buffers):

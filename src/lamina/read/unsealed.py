@@ -1,12 +1,18 @@
 """Updates in a time interval, sealed or not: ``Relation.updates(lower, upper)``.
 
 The updates with times in ``[lower, upper)``, consolidated (no two equal rows at one time,
-no zero diff) and ordered by key and time, wherever they are stored: trace batches, the
-trace's pending parts (future updates) and the WAL tail, read with the state-first
-protocol (:func:`lamina.read.view.pin`, holding a lease). ``upper`` may lie beyond the
-sealed upper: updates appended but not sealed yet are returned too (what a killed
-coordinator appended last, which ``lamina ingest`` reads back through
-``lamina.ingest.tail``); times at or beyond the sealed upper may still gain updates.
+no zero diff; fields nullable, as a snapshot's, empty or not) and ordered by key and time,
+wherever they are stored: trace batches, the trace's pending parts (future updates) and
+the WAL tail, read with the state-first protocol (:func:`lamina.read.view.pin`, holding a
+lease). ``upper`` may lie beyond the sealed upper: updates appended but not sealed yet are
+returned too (what a killed coordinator appended last, which ``lamina ingest`` reads back
+through ``lamina.ingest.tail``); times at or beyond the sealed upper may still gain
+updates.
+
+Parts are sorted by row, then time, and stay so when times are forwarded, so they are
+merged as sorted runs, as a snapshot's are (:func:`lamina.read.snapshot.consolidated`: no
+hash grouping, which would load Acero and pandas in a fresh process, unless the rows hold
+floats or sums that could leave int64, where the stored carries are kept as they are).
 
 Logical compaction: a time before ``since`` is read as ``since`` (DESIGN.md section 1),
 so no update remains before ``since`` and ``[since, upper)`` holds the whole history up
@@ -26,10 +32,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lamina.consolidate import consolidate_updates, forward
+from lamina import columns, kernels
+from lamina.consolidate import forward
 from lamina.datadir import RelationFiles
 from lamina.errors import AsOfOutOfRangeError, InvalidArgumentError
 from lamina.frontier import fmt, frontier_arg
+from lamina.read.snapshot import consolidated, loose
 from lamina.read.view import filter_times, pin
 from lamina.trace.batch import BatchDesc
 from lamina.trace.lease import Lease
@@ -54,23 +62,23 @@ def read_interval(files: RelationFiles, lower: int, upper: int, *,
     compacted across ``lower`` (module docstring). ``lease`` and ``segments``:
     :func:`lamina.read.view.pin`'s."""
     meta = files.meta
-    tables: list[pa.Table] = []
+    parts: list[pa.Table] = []  # each sorted by row, then time
     with pin(files, lower, upper - 1, segments=segments, lease=lease, what=what) as view:
         for b, _ in view.batches:
             if b.lower < lower <= b.since:
                 raise behind(b)
         for p, whole in view.parts(lower, upper - 1):
             t = p.file.read()
-            tables.append(t if whole else filter_times(t, lower, upper - 1))
-        tables.extend(view.wal)
+            parts.append(t if whole else filter_times(t, lower, upper - 1))
+        wal = view.wal
         converted = view.state.converted_through if view.state is not None else 0
-    table = pa.concat_tables([t.cast(meta.update_schema) for t in tables]) if tables \
-        else meta.update_schema.empty_table()
-    if since > lower:  # lower == 0: the whole history, compacted
-        table = forward(table, since)
-    return Interval(consolidate_updates(table, meta.row_columns, meta.sort_columns,
-                                        context=f"{what} of {meta.name!r} "
-                                                f"[{lower}, {fmt(upper)})"),
+    parts = [kernels.cast_table(t, meta.update_schema) for t in parts]
+    wal = [kernels.cast_table(t, meta.update_schema) for t in wal]
+    if since > lower:  # lower == 0: the whole history, compacted. Forwarding keeps a
+        # part sorted: it only raises the times below since to since.
+        parts, wal = [forward(t, since) for t in parts], [forward(t, since) for t in wal]
+    return Interval(consolidated(meta, parts, wal, timed=True, workers=pa.cpu_count(),
+                                 context=f"{what} of {meta.name!r} [{lower}, {fmt(upper)})"),
                     converted)
 
 
@@ -84,7 +92,7 @@ def updates(files: RelationFiles, lower: object, upper: object, *, since: int) -
         raise InvalidArgumentError(f"relation {files.name!r}: upper {fmt(hi)} is below lower "
                                    f"{fmt(lo)}; the interval is [lower, upper)")
     if hi == lo:
-        return files.meta.update_schema.empty_table()
+        return loose(columns.empty_table(files.meta.update_schema))  # as consolidated
     if 0 < lo < since or hi <= since:  # lo == since: the whole history, as from 0
         raise AsOfOutOfRangeError(
             f"relation {files.name!r}: [{lo}, {fmt(hi)}) is not readable at since {since}: "
