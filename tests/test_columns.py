@@ -114,6 +114,10 @@ def test_strings_build_the_array_pyarrow_would() -> None:
     got = columns.strings(values)
     assert got.equals(pa.array(values, pa.string()))
     assert columns.strings([]).equals(pa.array([], pa.string()))
+    assert columns.strings(values, pa.large_string()).equals(
+        pa.array(values, pa.large_string()))
+    with pytest.raises(TypeError, match="not string or large_string"):
+        columns.strings(values, pa.binary())
 
 
 def test_a_drill_coordinator_life_does_not_import_pandas(tmp_path: Path) -> None:

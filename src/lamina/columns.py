@@ -41,13 +41,18 @@ def array(values: np.ndarray[Any, Any], type: pa.DataType | None = None) -> pa.A
     return pa.Array.from_buffers(target, len(data), [None, pa.py_buffer(data)])
 
 
-def strings(values: list[str]) -> pa.Array:
-    """Python strings (no nulls, under 2 GiB of UTF-8 in all: 32-bit offsets) as an Arrow
-    string array, built from its buffers."""
+def strings(values: list[str], type: pa.DataType | None = None) -> pa.Array:
+    """Python strings (no nulls) as an Arrow string array, built from its buffers:
+    ``pa.string()`` (the default: 32-bit offsets, under 2 GiB of UTF-8 in all) or
+    ``pa.large_string()``."""
+    target = pa.string() if type is None else type
+    if target not in (pa.string(), pa.large_string()):
+        raise TypeError(f"columns.strings: {target} is not string or large_string")
     encoded = [v.encode() for v in values]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    offsets = np.zeros(len(encoded) + 1,
+                       dtype=np.int64 if target == pa.large_string() else np.int32)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return pa.Array.from_buffers(pa.string(), len(encoded),
+    return pa.Array.from_buffers(target, len(encoded),
                                  [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
 
 

@@ -8,6 +8,8 @@ import datetime
 import decimal
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +217,42 @@ def test_subscribe_from_latest_ends_at_closed(tmp_path: Path) -> None:
     lines = [_strict(line) for line in out.stdout.splitlines()]
     assert [r.get("id") for r in lines[:2]] == [0, 1]
     assert lines[-1] == {"_progress": CLOSED}
+
+
+@pytest.mark.parametrize(("command", "fmt", "unused"), [
+    ("snapshot", "jsonl", ("pandas",)), ("snapshot", "csv", ("pandas", "pyarrow.compute")),
+    ("snapshot", "arrow", ("pandas", "pyarrow.compute")),
+    ("snapshot", "parquet", ("pandas", "pyarrow.compute")),
+    ("lookup", "arrow", ("pandas", "pyarrow.compute"))])
+def test_a_reading_command_imports_only_what_its_format_needs(
+        tmp_path: Path, command: str, fmt: str, unused: tuple[str, ...]) -> None:
+    """``lamina snapshot`` and ``lamina lookup`` are cold reads: pyarrow imports pandas (half
+    a second) on its first array or scalar of a Python value, and ``pyarrow.compute`` (40
+    to 65 ms) builds a wrapper per kernel. Only JSON lines need those kernels, and nothing
+    needs pandas. The rows are the relation's."""
+    orders(tmp_path, rows=3)
+    out = tmp_path / f"out.{fmt}"
+    keys = ["1", "2"] if command == "lookup" else []
+    child = (
+        "import sys\n"
+        "from lamina.cli.main import main\n"
+        f"code = main([{command!r}, 'orders', *{keys!r}, '--format', {fmt!r}, "
+        f"'--data-dir', {str(tmp_path)!r}, '--output', {str(out)!r}])\n"
+        f"print(code, [m for m in {unused!r} if m in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          check=True, timeout=120)
+    assert done.stdout.split("\n")[0] == "0 []", done.stderr
+    with Store.open(tmp_path) as store:
+        rel = store.relation("orders")
+        want = rel.lookup({"id": [1, 2]}) if keys else rel.snapshot()
+    assert want.num_rows == (2 if keys else 3)
+    if fmt == "jsonl":
+        got = [_strict(line) for line in out.read_bytes().splitlines()]
+        assert got == want.to_pylist()
+    elif fmt == "csv":
+        assert pl.read_csv(out).to_arrow().column("id").to_pylist() == \
+            want.column("id").to_pylist()
+    elif fmt == "arrow":
+        assert pa.ipc.open_stream(out.read_bytes()).read_all().to_pylist() == want.to_pylist()
+    else:
+        assert pl.read_parquet(out).to_dicts() == want.to_pylist()

@@ -37,7 +37,8 @@ from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from lamina import columns
 
 FORMATS = ("csv", "jsonl", "parquet", "arrow")
 
@@ -62,6 +63,7 @@ def _special_bytes(text: pa.Array) -> list[int]:
 
 def _quoted(text: pa.Array) -> pa.Array:
     """Each string of a large_string array as a JSON string literal."""
+    import pyarrow.compute as pc  # JSON lines only: the other formats need no kernel
     for byte in _special_bytes(text):
         escape = _SHORT_ESCAPES.get(byte, f"\\u{byte:04x}")
         text = pc.replace_substring(text, chr(byte), escape)
@@ -75,6 +77,8 @@ def _base64(col: pa.Array) -> pa.Array:
 
 def _json_values(col: pa.Array) -> pa.Array:
     """A large_string array of each value of ``col`` as JSON text."""
+    import pyarrow.compute as pc
+
     t = col.type
     if pa.types.is_dictionary(t):
         col = pc.cast(col, t.value_type)
@@ -84,7 +88,7 @@ def _json_values(col: pa.Array) -> pa.Array:
     elif pa.types.is_floating(t):
         text = pc.cast(col, pa.large_string())
         if pc.any(pc.invert(pc.is_finite(col))).as_py():
-            inf = pa.scalar(math.inf, t)
+            inf = columns.scalar(math.inf, t)
             for mask, json_text in ((pc.is_nan(col), '"NaN"'),
                                     (pc.equal(col, inf), '"Infinity"'),
                                     (pc.equal(col, pc.negate(inf)), '"-Infinity"')):
@@ -127,11 +131,14 @@ def _plain(v: Any) -> Any:
 
 
 def _lit(text: str) -> pa.Scalar:
-    return pa.scalar(text, pa.large_string())
+    """``pa.scalar(text, pa.large_string())``, which imports pandas (lamina.columns)."""
+    return columns.strings([text], pa.large_string())[0]
 
 
 def jsonl(batch: pa.RecordBatch) -> bytes:
     """The rows of ``batch`` as JSON lines (the module docstring's rules)."""
+    import pyarrow.compute as pc
+
     if batch.num_rows == 0:
         return b""
     parts: list[Any] = []

@@ -25,8 +25,10 @@ from collections.abc import Iterable
 from datetime import datetime
 from types import FrameType
 
+import numpy as np
 import pyarrow as pa
 
+from lamina import columns, kernels
 from lamina.cli.datadir import open_store
 from lamina.cli.encode import BatchWriter
 from lamina.cli.output import Progress, is_terminal, output
@@ -145,10 +147,10 @@ def _key_column(rel: Relation, name: str, values: list[object]) -> pa.Array:
         try:
             if v is None:
                 out.append(pa.nulls(1, t))
-            elif isinstance(v, str):
-                out.append(pa.array([v], pa.string()).cast(t, safe=True))
-            elif isinstance(v, bool | int | float):
-                out.append(pa.array([v]).cast(t, safe=True))
+            elif isinstance(v, str):  # from buffers: pa.array would import pandas
+                out.append(kernels.cast(columns.strings([v]), t))
+            elif isinstance(v, bool | int | float):  # bool, int64, uint64 or float64
+                out.append(kernels.cast(columns.array(np.array([v])), t))
             else:
                 raise TypeError(type(v).__name__)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):

@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lamina import columns
 from lamina.consolidate import carries_only, sort
@@ -80,6 +79,10 @@ def check_rows(table: pa.Table, meta: RelationMeta, *, lower: int, upper: int,
     """Raise CorruptionError if the rows of a batch or pending part break invariants 7-8."""
     if table.num_rows == 0:
         return
+    # here, not at the top: ``lamina snapshot`` and the other reading commands import this
+    # module (through lamina.verify) and need none of pyarrow.compute (lamina.kernels)
+    import pyarrow.compute as pc
+
     times = table.column(TIME)
     in_range = pc.greater_equal(times, columns.scalar(lower, pa.uint64()))
     if upper != CLOSED:
