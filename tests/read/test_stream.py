@@ -15,12 +15,13 @@ from tests.read.data import relation
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), chunk=st.sampled_from([1, 3, 64]))
+@given(seed=st.integers(0, 10_000), chunk=st.sampled_from([1, 100, 2000]))
 def test_stream_equals_snapshot_and_oracle(seed: int, chunk: int) -> None:
-    """At every readable time, with chunks as small as one row (many rounds of the k-way
-    merge, equal rows across chunk ends), the streamed rows equal snapshot and the oracle."""
-    old = stream.CHUNK_ROWS
-    stream.CHUNK_ROWS = chunk
+    """At every readable time, with chunks as small as one row (``CHUNK_BYTES`` of 1: many
+    rounds of the k-way merge, equal rows across chunk ends), the streamed rows equal
+    snapshot and the oracle."""
+    old = stream.CHUNK_BYTES
+    stream.CHUNK_BYTES = chunk
     try:
         with tempfile.TemporaryDirectory() as d, relation(Path(d), seed) as (rel, oracle):
             state_batches = 0
@@ -33,7 +34,14 @@ def test_stream_equals_snapshot_and_oracle(seed: int, chunk: int) -> None:
                 state_batches += 1
             assert state_batches
     finally:
-        stream.CHUNK_ROWS = old
+        stream.CHUNK_BYTES = old
+
+
+def test_a_chunk_is_about_chunk_bytes_of_rows() -> None:
+    """Rows per chunk: the byte target over the width, at least one, at most the cap."""
+    assert stream.chunk_rows(36) == stream.CHUNK_BYTES // 36
+    assert stream.chunk_rows(stream.CHUNK_BYTES * 4) == 1
+    assert stream.chunk_rows(0) == stream.chunk_rows(1) == stream.MAX_CHUNK_ROWS
 
 
 def test_stream_refuses_bad_as_of_before_reading(tmp_path: Path) -> None:

@@ -60,3 +60,21 @@ def test_a_damaged_page_fails_its_checksum(tmp_path: Path) -> None:
         ParquetFile(f).read()
     with pa.OSFile(str(path)) as f:  # without the check the damage is not noticed
         ParquetFile(f, page_checksum_verification=False).read(["_time"])
+
+
+def test_row_bytes_estimates_a_decoded_row_from_the_footer(tmp_path: Path) -> None:
+    """Fixed-width columns count their width exactly; plain strings (as parts store a
+    column of mostly distinct values) come within a few bytes of Arrow's offsets and data;
+    a name the file lacks counts nothing."""
+    path = tmp_path / "w.parquet"
+    table = pa.table({"id": pa.array(range(5000), pa.int64()),
+                      "s": pa.array([f"value-{i:08d}" for i in range(5000)])})
+    pq.write_table(table, path, row_group_size=1000, use_dictionary=False,
+                   compression="zstd")
+    with pa.OSFile(str(path)) as f:
+        pf = ParquetFile(f)
+        assert pf.row_bytes(["id"]) == 8
+        assert pf.row_bytes(["id", "missing"]) == 8
+        decoded = table.column("s").nbytes / table.num_rows  # 4-byte offsets + 14 bytes
+        assert decoded <= pf.row_bytes(["s"]) <= decoded + 6
+        assert pf.row_bytes([]) == 1

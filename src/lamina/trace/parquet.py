@@ -69,6 +69,35 @@ class ParquetFile:
                                            column_indices=self._indices(columns),
                                            use_threads=True)
 
+    def row_bytes(self, columns: Sequence[str]) -> int:
+        """About how many bytes a row of ``columns`` takes decoded, from the footer alone:
+        a fixed-width column's width, and for any other its uncompressed Parquet bytes per
+        row and 4 more (a plain string's length prefix is as long as Arrow's offset; the 4
+        cover levels, page headers and a large string's wider offsets; a
+        dictionary-encoded column counts little more than its indices). At least 1."""
+        md = self.reader.metadata
+        rows = md.num_rows
+        if rows == 0:
+            return 1
+        fields = {f.name: f for f in self.schema_arrow}
+        stored: dict[str, int] = {}  # uncompressed bytes per top-level column
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            for j in range(group.num_columns):
+                chunk = group.column(j)
+                top = chunk.path_in_schema.split(".")[0]
+                stored[top] = stored.get(top, 0) + chunk.total_uncompressed_size
+        width = 0
+        for name in columns:
+            field = fields.get(name)
+            if field is None:
+                continue
+            try:
+                width += max(1, field.type.bit_width // 8)
+            except ValueError:  # not fixed-width
+                width += 4 + -(-stored.get(name, 0) // rows)
+        return max(1, width)
+
     def iter_batches(self, batch_size: int, columns: Sequence[str] | None = None
                      ) -> Iterator[pa.RecordBatch]:
         """The file's rows in record batches of at most ``batch_size`` rows."""
