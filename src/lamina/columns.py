@@ -3,15 +3,15 @@
 pyarrow imports pandas, when it is installed, the first time a conversion has to ask
 whether an object is a pandas one: ``pa.scalar(5, pa.uint64())``, ``pa.array`` of a list
 or of a numpy array, ``Schema.empty_table()``, a compute function given a Python number,
-``to_numpy``. That import
-takes half a second, more than a whole cold snapshot, so the read path (lamina.read,
-lamina.consolidate and what they call) builds its scalars and arrays here instead, from
-buffers, which never asks (tests/test_columns.py runs a first snapshot in a fresh
-interpreter and checks that pandas stays unimported).
+``to_numpy``. That import takes half a second, more than a whole cold snapshot, so the
+read path (lamina.read, lamina.consolidate and what they call) builds its scalars and
+arrays here instead, from buffers, which never asks (tests/test_columns.py runs every
+read of the API in a fresh interpreter and checks that pandas stays unimported).
 
 Only primitive types and strings without nulls are handled: what the read path makes
-itself, and the drill's coordinators (lamina.drill.workload: a coordinator restarted a
-hundred times in a drill paid the import each time). Arrays read from Parquet are already
+itself, the reading commands' JSON literals and keys (lamina.cli), and the drill's
+coordinators (lamina.drill.workload: a coordinator restarted a hundred times in a drill
+paid the import each time). Arrays read from Parquet are already
 Arrow and need none of this.
 """
 

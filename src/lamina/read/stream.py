@@ -45,7 +45,7 @@ CHUNK_BYTES = 8 << 20
 """About how many decoded bytes a source reads at a time (:func:`chunk_rows`). Each round
 of the merge costs a fixed number of Arrow calls, so larger chunks merge faster: the
 streamed snapshot of the cold-read benchmark's 1M updates took about a third less time
-at 8 MiB (about 230,000 of its rows) than in chunks of 32,768 rows (docs/performance.md,
+at 8 MiB (about 210,000 of its rows) than in chunks of 32,768 rows (docs/performance.md,
 "The streamed snapshot's chunks")."""
 MAX_CHUNK_ROWS = 1 << 18
 """At most this many rows a chunk, whatever the estimate of their width says (a
