@@ -29,8 +29,10 @@ run: $(STAMP) java
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 
+# the benchmarks too: pyproject.toml's mypy section names the lamina package only
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy bench
 
 # tests/spark_jvm.py: the class-data archive the run's drivers map (dumped once per machine,
 # Java and Spark; 25 to 36 s)

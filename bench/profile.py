@@ -233,9 +233,9 @@ def timeline(step: str, scale: float, runs: int) -> None:
 
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         log = str(Path(tmp) / "tasks.jsonl")
-        driver.decoder = logged(driver.decoder, "decode", log)  # type: ignore[assignment]
-        driver.writer = logged(driver.writer, "write", log)  # type: ignore[assignment]
-        driver.merger = logged(driver.merger, "merge", log)  # type: ignore[assignment]
+        driver.decoder = logged(driver.decoder, "decode", log)  # type: ignore[attr-defined]
+        driver.writer = logged(driver.writer, "write", log)  # type: ignore[attr-defined]
+        driver.merger = logged(driver.merger, "merge", log)  # type: ignore[attr-defined]
         spark = build_session("local[*]", app_name="bench-profile")
         slots = int(spark.sparkContext.defaultParallelism)
         _, fn = _step(step, scale, Path(tmp))
@@ -496,7 +496,8 @@ def _wal_cadence(rel: Any, fd: int, encoder: Any, batches: list[pa.Table], block
     def inline(i: int) -> list[Any]:
         table = check_diffs(meta, conform_updates(meta, batches[i]))
         least_time(table.column(table.num_columns - 2))
-        return encoder.encode(table)[0]
+        pieces: list[Any] = encoder.encode(table)[0]
+        return pieces
 
     sides: dict[str, Callable[[int], list[Any]] | None] = {
         "raw write + fdatasync": lambda i: [records[i]],
@@ -593,8 +594,7 @@ def _read_child(store: str, relation: str, cell: str | None, read: str) -> None:
     from lamina import Store
 
     if cell is not None:  # a writer's life first: the cell's stream appended, then dropped
-        from bench.peers_contenders import CELLS
-        from bench.peers_stream import KEY, SCHEMA, appends
+        from bench.peers_stream import CELLS, KEY, SCHEMA, appends
 
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp, \
                 Store.open(Path(tmp) / "data", fsync="never") as scratch:
