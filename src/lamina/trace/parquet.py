@@ -80,22 +80,23 @@ class ParquetFile:
         if rows == 0:
             return 1
         fields = {f.name: f for f in self.schema_arrow}
-        stored: dict[str, int] = {}  # uncompressed bytes per top-level column
-        for g in range(md.num_row_groups):
-            group = md.row_group(g)
-            for j in range(group.num_columns):
-                chunk = group.column(j)
-                top = chunk.path_in_schema.split(".")[0]
-                stored[top] = stored.get(top, 0) + chunk.total_uncompressed_size
         width = 0
+        varying: list[int] = []  # the leaves of the columns that are not fixed-width
         for name in columns:
             field = fields.get(name)
             if field is None:
                 continue
             try:
                 width += max(1, field.type.bit_width // 8)
-            except ValueError:  # not fixed-width
-                width += 4 + -(-stored.get(name, 0) // rows)
+            except ValueError:  # not fixed-width: counted from the footer below
+                width += 4
+                varying.extend(self._leaves.get(name, ()))
+        if varying:  # only their column chunks: a footer holds every column's, per group
+            stored = 0
+            for g in range(md.num_row_groups):
+                group = md.row_group(g)
+                stored += sum(group.column(j).total_uncompressed_size for j in varying)
+            width += -(-stored // rows)
         return max(1, width)
 
     def iter_batches(self, batch_size: int, columns: Sequence[str] | None = None
