@@ -84,9 +84,11 @@ def consolidated(meta: RelationMeta, parts: list[pa.Table], wal: list[pa.Table],
         out = merge_runs(runs, tail, rows, order, workers=workers)
         if out is not None:
             return out
-        empty = empty_table(meta.update_schema)
-        table = pa.concat_tables([*runs, *tail]) if runs or tail else \
-            loose(empty if timed else empty.drop_columns([TIME]))
+        if runs or tail:
+            table = pa.concat_tables([*runs, *tail])
+        else:
+            empty = empty_table(meta.update_schema)
+            table = loose(empty if timed else empty.drop_columns([TIME]))
         if timed:
             return consolidate_updates(table, meta.row_columns, meta.sort_columns,
                                        context=context)
