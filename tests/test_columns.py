@@ -77,10 +77,11 @@ def _store_with_trace_and_wal(root: Path) -> None:
 
 
 COLD_READ_SKIPS = ("pandas", "pyarrow.compute", "pyarrow.parquet", "pyarrow.fs",
-                   "pyarrow.dataset", "pyarrow.acero")
+                   "pyarrow.dataset", "pyarrow.acero", "concurrent.futures", "logging")
 """Modules a cold read must not import: pandas (about half a second: lamina.columns),
 pyarrow.compute's wrappers (40 to 65 ms: lamina.kernels), pyarrow.parquet and the file
-systems behind it (30 to 130 ms: lamina.trace.parquet)."""
+systems behind it (30 to 130 ms: lamina.trace.parquet), concurrent.futures and the
+logging it imports (6 to 11 ms: lamina.threads)."""
 
 
 def test_a_cold_read_imports_neither_pandas_nor_pyarrows_python_layers(tmp_path: Path) -> None:

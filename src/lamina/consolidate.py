@@ -32,7 +32,6 @@ snapshots.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +41,7 @@ from lamina.errors import DiffOverflowError
 from lamina.frontier import as_time
 from lamina.packed import merge_packed
 from lamina.schema import DIFF, TIME
+from lamina.threads import map_on_threads
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -310,12 +310,7 @@ def merge_runs(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
             return summed[0]
         return sum_adjacent(sort(pa.concat_tables(summed), sort_columns), row_columns)
 
-    ranges = range(len(bounds) + 1)
-    if len(ranges) == 1:
-        results = [merge(0)]
-    else:
-        with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="merge") as pool:
-            results = list(pool.map(merge, ranges))
+    results = map_on_threads(merge, range(len(bounds) + 1), name="merge")
     if any(r is None for r in results):
         return None
     return pa.concat_tables([r for r in results if r is not None])

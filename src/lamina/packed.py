@@ -41,7 +41,6 @@ caller merges the general way. The result is row for row, and field for field, w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -51,6 +50,7 @@ import pyarrow as pa
 
 from lamina import columns
 from lamina.schema import DIFF
+from lamina.threads import map_on_threads
 
 _WORD = 1 << 64
 _INT64_MAX = (1 << 63) - 1
@@ -230,9 +230,7 @@ def merge_packed(runs: Sequence[pa.Table], unsorted: Sequence[pa.Table],
                 ds.append(d[mask])
         return _merged(np.concatenate(ks), np.concatenate(ds), digits, names)
 
-    with ThreadPoolExecutor(max_workers=len(bounds) + 1,
-                            thread_name_prefix="packed") as pool:
-        return pa.concat_tables(pool.map(merge, range(len(bounds) + 1)))
+    return pa.concat_tables(map_on_threads(merge, range(len(bounds) + 1), name="packed"))
 
 
 def _run_starts(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -13,7 +13,9 @@ again, one key range per core (:func:`lamina.consolidate.merge_runs`). Where
 
 A part whose every time is at or below ``as_of`` is read without its ``_time`` column;
 the others are read whole and filtered. Every part is checked against its CRC32C first
-(:class:`lamina.trace.batch.OpenPart`).
+(:class:`lamina.trace.batch.OpenPart`). Parts are decoded one per core at a time: Arrow
+decodes a part's columns in parallel, but one string column can keep a core busy while
+the other waits (the cold-read store's snapshot, 145 to 123 ms on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from lamina.datadir import RelationFiles
 from lamina.hugepages import small_pages
 from lamina.read.view import filter_times, pin, resolve_as_of
 from lamina.schema import TIME, RelationMeta
+from lamina.threads import map_on_threads
+from lamina.trace.batch import OpenPart
 
 
 def loose(table: pa.Table) -> pa.Table:
@@ -38,13 +42,16 @@ def _stored(files: RelationFiles, as_of: int) -> tuple[list[pa.Table], list[pa.T
     the trace (batch and pending parts, each sorted by row and time) and from the WAL tail
     (in append order)."""
     untimed = [c for c in files.meta.update_schema.names if c != TIME]
-    parts = []
+
+    def read(part: tuple[OpenPart, bool]) -> pa.Table:
+        p, whole = part
+        if whole:
+            return p.file.read(columns=untimed)
+        return filter_times(p.file.read(), 0, as_of).drop_columns([TIME])
+
     with pin(files, 0, as_of, what="snapshot") as view:
-        for p, whole in view.parts(0, as_of):
-            if whole:
-                parts.append(p.file.read(columns=untimed))
-                continue
-            parts.append(filter_times(p.file.read(), 0, as_of).drop_columns([TIME]))
+        parts = map_on_threads(read, list(view.parts(0, as_of)), name="decode",
+                               workers=pa.cpu_count())
         wal = [t.drop_columns([TIME]) for t in view.wal]
     return parts, wal
 

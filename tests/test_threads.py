@@ -1,0 +1,71 @@
+"""lamina.threads.map_on_threads: results in item order, at most ``workers`` threads (the
+caller's among them), every thread joined before it returns or raises, the first failing
+item's error."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from lamina.threads import map_on_threads
+
+
+def test_results_come_back_in_item_order() -> None:
+    seen: dict[int, str] = {}
+
+    def slow_first(i: int) -> int:
+        time.sleep(0.05 * (3 - i))  # the last item finishes first
+        seen[i] = threading.current_thread().name
+        return i * i
+
+    assert map_on_threads(slow_first, [0, 1, 2, 3], name="t") == [0, 1, 4, 9]
+    assert set(seen.values()) <= {threading.current_thread().name, "t-1", "t-2", "t-3"}
+    assert len(set(seen.values())) > 1  # item 0 sleeps 0.15 s: others ran meanwhile
+
+
+def test_no_items_and_one_item_start_no_thread() -> None:
+    before = threading.active_count()
+    assert map_on_threads(lambda x: x, [], name="t") == []
+    assert map_on_threads(lambda x: x + 1, [41], name="t") == [42]
+    assert threading.active_count() == before
+
+
+def test_the_first_failing_item_raises_after_every_thread_is_done() -> None:
+    done: list[int] = []
+
+    def work(i: int) -> int:
+        if i == 2:
+            raise KeyError("two")
+        if i == 1:
+            time.sleep(0.1)
+            raise ValueError("one")
+        time.sleep(0.2)
+        done.append(i)
+        return i
+
+    with pytest.raises(ValueError, match="one"):  # item 1 before item 2, though later
+        map_on_threads(work, [0, 1, 2, 3], name="t")
+    assert sorted(done) == [0, 3]  # nothing still running when it raised
+    assert not [t for t in threading.enumerate() if t.name.startswith("t-")]
+
+
+def test_workers_bound_the_threads_and_every_item_runs_once() -> None:
+    running: list[int] = []
+    most = 0
+    started: list[int] = []
+
+    def work(i: int) -> int:
+        nonlocal most
+        started.append(i)
+        running.append(i)
+        most = max(most, len(running))
+        time.sleep(0.02)
+        running.remove(i)
+        return -i
+
+    assert map_on_threads(work, list(range(9)), name="w", workers=3) == [-i for i in range(9)]
+    assert most == 3
+    assert sorted(started) == list(range(9))
+    assert map_on_threads(work, [5, 6], name="w", workers=0) == [-5, -6]  # at least one
