@@ -266,6 +266,31 @@ def test_sum_adjacent_over_every_row_type(data: st.DataObject) -> None:
     assert out.equals(consolidate(table, group, [*meta.sort_columns, TIME]))
 
 
+def test_sum_adjacent_over_chunks_distinct_rows_and_zero_diffs() -> None:
+    """The shortcuts: integer columns compared in numpy across chunk boundaries (a run may
+    straddle two chunks), rows all distinct (nothing summed, a zero diff still dropped) and
+    nothing to drop (the input's rows as they are), each equal to consolidate()."""
+    rows: list[Row] = [(1, "a", 0, 1), (1, "a", 0, 2), (1, "a", 1, -1), (2, "b", 1, 1),
+                       (2, "b", 1, -1), (3, None, 2, 4), (None, "c", 2, 1)]
+    def in_chunks_of_two(t: pa.Table) -> pa.Table:
+        return pa.Table.from_batches([b for i in range(0, t.num_rows, 2)
+                                      for b in t.slice(i, 2).to_batches()])
+
+    table = sort(_table(rows), ["k", "s", TIME])
+    chunked = in_chunks_of_two(table)
+    no_null_keys = in_chunks_of_two(sort(_table(rows[:-1]), ["k", "s", TIME]))
+    assert no_null_keys.column("k").null_count == 0  # so k is compared in numpy
+    assert chunked.column("k").num_chunks > 1
+    distinct = sort(_table([(1, "a", 0, 1), (2, "a", 0, 0), (3, "b", 1, -2)]), ["k"])
+    plain = sort(_table([(1, "a", 0, 1), (2, "a", 0, 3)]), ["k"])
+    for t in (table, chunked, no_null_keys, distinct, plain):
+        out = sum_adjacent(t, ["k", "s", TIME])
+        assert out is not None
+        assert out.equals(consolidate(t, ["k", "s", TIME], ["k", "s", TIME]))
+    assert _rows_of(sum_adjacent(chunked, ["k", "s", TIME])) == [
+        (None, "c", 2, 1), (1, "a", 0, 3), (1, "a", 1, -1), (3, None, 2, 4)]
+
+
 def _split_into_runs(table: pa.Table, cuts: list[int], order: list[str]) -> list[pa.Table]:
     """``table`` cut at ``cuts`` into pieces, each sorted by ``order``: runs as trace parts
     hold them (any rows, each run sorted)."""

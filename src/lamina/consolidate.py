@@ -179,6 +179,10 @@ def carries_only(table: pa.Table, group_columns: Sequence[str]) -> bool:
 def _changes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """For each value after the first: whether it differs from the one before (nulls equal
     nulls)."""
+    if pa.types.is_integer(column.type) and not column.null_count:
+        values = columns.numpy(column)  # a bool per value, not bits to unpack: 3 to 5 times
+        changed: np.ndarray = values[1:] != values[:-1]  # the speed of Arrow's not_equal
+        return changed
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     a, b = column.slice(1), column.slice(0, len(column) - 1)
@@ -217,20 +221,23 @@ def sum_adjacent(table: pa.Table, group_columns: Sequence[str]) -> pa.Table | No
     column = table.column(DIFF)
     if not _int64_sums_exact(column):
         return None
-    diffs = columns.numpy(column)
     starts_mask = np.ones(n, dtype=bool)
     starts_mask[1:] = neighbour_changes(table, group_columns)
     starts = np.flatnonzero(starts_mask)
-    sums = np.add.reduceat(diffs, starts)
+    keys = table.drop_columns([DIFF])  # _diff is replaced, not filtered
+    diffs = columns.numpy(column)
+    # every run one row (rows with distinct times, merged consolidated runs): no sums
+    sums = diffs if len(starts) == n else np.add.reduceat(diffs, starts)
     keep = sums != 0
-    if len(starts) == n and keep.all():
-        rows = table  # nothing to sum or drop (common when merging consolidated runs)
-    else:  # a mask of the kept run starts: filtering is cheaper than taking by index
-        starts_mask[starts[~keep]] = False
-        rows = kernels.filter(table, columns.array(starts_mask))
-    return pa.Table.from_arrays(  # fields as consolidate() makes them (nullable, no metadata)
-        [columns.array(sums[keep]) if name == DIFF else rows.column(name)
-         for name in table.column_names], names=table.column_names)
+    if len(starts) < n or not keep.all():  # the kept run starts, as a mask to filter by
+        kept = np.zeros(n, dtype=bool)
+        kept[starts[keep]] = True
+        keys = kernels.filter(keys, columns.array(kept))
+        sums = sums[keep]
+    # every column in its place, fields as consolidate() makes them (nullable, no metadata)
+    out: list[pa.Array | pa.ChunkedArray] = list(keys.columns)
+    out.insert(table.column_names.index(DIFF), columns.array(sums))
+    return pa.Table.from_arrays(out, names=table.column_names)
 
 
 def _splittable(t: pa.DataType) -> bool:
