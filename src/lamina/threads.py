@@ -4,10 +4,10 @@ path decodes parts (:mod:`lamina.read.snapshot`) and merges key ranges
 
 Not ``concurrent.futures.ThreadPoolExecutor``: a snapshot in a fresh process is a
 benchmarked figure (``bench.cold_read``), and that import brings ``logging``,
-``traceback`` and ``string`` with it, 6 to 11 ms against a read of about 300 ms (medians of
-21 fresh interpreters, 2026-11-29). What these merges need is smaller than a pool: a few
-threads that live for one call, the first item on the calling thread, the work itself in
-Arrow and numpy kernels that release the GIL.
+``traceback`` and ``string`` with it, 6 to 11 ms against a read of about 300 ms (the
+minimum and the median of 21 fresh interpreters each, 2026-11-29). What the read path
+needs is smaller than a pool: a few threads that live for one call, the calling thread one
+of them, the work itself in Arrow and numpy kernels that release the GIL.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ A part whose every time is at or below ``as_of`` is read without its ``_time`` c
 the others are read whole and filtered. Every part is checked against its CRC32C first
 (:class:`lamina.trace.batch.OpenPart`). Parts are decoded one per core at a time: Arrow
 decodes a part's columns in parallel, but one string column can keep a core busy while
-the other waits (the cold-read store's snapshot, 145 to 123 ms on 2 cores).
+the other waits (a first snapshot of the cold-read store on 2 cores: 0.130 to 0.136 s
+one part at a time, 0.119 to 0.123 s side by side; docs/performance.md).
 """
 
 from __future__ import annotations
