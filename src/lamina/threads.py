@@ -26,19 +26,21 @@ def map_on_threads(fn: Callable[[T], R], items: Sequence[T], *, name: str,
     """``[fn(x) for x in items]`` on ``workers`` threads (default: one per item), the
     calling thread one of them and the others new (named ``name-1``, ``name-2``, ...);
     each thread takes the next item not yet taken, in order. Every thread is joined
-    before it returns or raises; an exception is re-raised from the first item that
-    raised, in item order, as ``ThreadPoolExecutor.map`` would (the other items still
-    run)."""
+    before it returns or raises. Once an item raised no thread takes another, and the
+    exception of the first item that raised, in item order, is re-raised, as
+    ``ThreadPoolExecutor.map`` would."""
     results: list[R | None] = [None] * len(items)
     errors: list[BaseException | None] = [None] * len(items)
     taken = itertools.count()  # next() on it is atomic: one C call under the GIL
+    failed = threading.Event()
 
     def run() -> None:
-        while (i := next(taken)) < len(items):
+        while not failed.is_set() and (i := next(taken)) < len(items):
             try:
                 results[i] = fn(items[i])
             except BaseException as exc:  # re-raised on the calling thread, after the joins
                 errors[i] = exc
+                failed.set()
 
     count = len(items) if workers is None else max(1, min(workers, len(items)))
     threads = [threading.Thread(target=run, name=f"{name}-{i}", daemon=True)
