@@ -36,7 +36,7 @@ from lamina.errors import (
 from lamina.fs import AppendFile, FileSystem
 from lamina.schema import RelationMeta, conform_updates
 from lamina.wal.log import FsyncPolicy, WalWriter, least_time
-from lamina.wal.reader import frontiers, segment_updates
+from lamina.wal.reader import appended_updates, frontiers, segment_updates
 from lamina.wal.record import (
     COMPRESSIONS,
     HEADER,
@@ -658,6 +658,47 @@ def test_a_read_racing_a_seal_reads_the_open_segment_again(tmp_path: Path) -> No
     with pytest.raises(CorruptionError, match="unknown record type 0 in a finished segment"):
         scan_file(SegmentFile(seg.path, seg.seq, finished=True), NAME)
     assert time.monotonic() - start < 0.02  # no re-reads
+
+
+def test_a_polling_read_racing_a_seal_reads_the_new_bytes_again(tmp_path: Path) -> None:
+    """The same race for a subscription's read of what the open segment gained since its
+    last poll (appended_updates, from a byte offset). It lacked the re-read that scan_file
+    had, and tests/read/test_subscribe_daemon.py failed now and then with "unknown record
+    type 0, followed by a valid record" on a segment that was whole (2026-11-29)."""
+    wal = new_relation(tmp_path)
+    w = WalWriter(wal, NAME)
+    w.append(batch(0, 50, 0))
+    w.seal(1)
+    w.append(batch(50, 50, 1))
+    w.seal(2)
+    w.close()
+    seg = list_segments(wal)[-1]
+    scan, data = scan_file(seg, NAME)
+    polled_to = scan.updates()[0].offset  # an earlier poll read up to the first update
+    at = scan.updates()[1].offset  # the record whose seal the next poll races
+    header = data[at:at + HEADER_SIZE]
+    schema = META.update_schema
+    whole, end = appended_updates(seg, schema, polled_to)
+
+    def put(value: bytes) -> None:
+        with seg.path.open("r+b") as f:
+            f.seek(at)
+            f.write(value)
+
+    put(UNSEALED)
+    sealer = threading.Timer(0.004, put, (header,))
+    sealer.start()
+    again, again_end = appended_updates(seg, schema, polled_to)
+    sealer.join()
+    assert end == again_end == len(data)
+    assert pa.concat_tables(again).equals(pa.concat_tables(whole))
+    assert sorted(pa.concat_tables(again).column("id").to_pylist()) == list(range(100))
+    put(UNSEALED)  # for good: damage, reported after the re-reads
+    with pytest.raises(CorruptionError, match="unknown record type 0, followed by a valid"):
+        appended_updates(seg, schema, polled_to)
+    put(header)
+    finished = SegmentFile(seg.path, seg.seq, finished=True)
+    assert appended_updates(finished, schema, polled_to)[1] == len(data)
 
 
 class _NoTruncate(AppendFile):

@@ -27,8 +27,8 @@ run between two syncs while the disk idled, and cost a fifth of a 10,000-update 
 later record is written, let alone synced, before an earlier one is sealed. Until sealed,
 the record is a bad frame (type 0) at the end of the open segment: a reader stops there
 (one whose read raced the seal and the next record reads the file again:
-lamina.wal.segment.scan_file), and recovery after a crash cuts it off as a torn tail, as
-it would a half-written record. An append whose check fails is cut off again
+lamina.wal.segment.read_past_seal_races), and recovery after a crash cuts it off as a
+torn tail, as it would a half-written record. An append whose check fails is cut off again
 (``ftruncate`` to where it began; if that fails, the writer fails and its reopen cuts it),
 so a rejected append leaves the log as it was. Frontier records are small and written
 whole.

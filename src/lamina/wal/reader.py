@@ -37,6 +37,7 @@ from lamina.wal.segment import (
     encode_header,
     list_segments,
     read_frontiers,
+    read_past_seal_races,
     scan_file,
 )
 
@@ -107,24 +108,32 @@ def appended_updates(seg: SegmentFile, schema: pa.Schema,
     The bytes before ``start`` were verified then and do not change: the writer only
     appends, and its recovery cuts only a torn tail, which lies after every valid record. The
     new bytes follow the open segment's rules (lamina.wal.segment): a bad frame followed by
-    a valid one is corruption; with nothing valid after it, it is a torn tail (or a record
-    being written), left for a later call."""
-    with open(seg.path, "rb") as f:
-        f.seek(start)
-        buf = memoryview(f.read())
-    scan = Scan(path=seg.path, seq=seg.seq, relation="")
-    offset = 0
-    while offset < len(buf):
-        rec = read_frame(buf, offset)
-        if isinstance(rec, BadFrame):
-            nxt = find_valid_frame(buf, offset + 1)
-            if nxt is not None:
-                raise corrupt(seg.path, start + offset, f"{rec.reason}, followed by a valid "
-                                                        f"record at byte {start + nxt}")
-            break
-        scan.records.append(Record(start + offset, rec.rtype, rec.payload))
-        offset = rec.end
-    return list(updates_of(scan, schema)), start + offset
+    a valid one is corruption, unless it is a record's header of zeros that the read raced
+    the writer's seal of (read again: :func:`lamina.wal.segment.read_past_seal_races`);
+    with nothing valid after it, it is a torn tail (or a record being written), left for a
+    later call."""
+    def read() -> bytes:
+        with open(seg.path, "rb") as f:
+            f.seek(start)
+            return f.read()
+
+    def parse(data: bytes) -> tuple[list[pa.Table], int]:
+        buf = memoryview(data)
+        scan = Scan(path=seg.path, seq=seg.seq, relation="")
+        offset = 0
+        while offset < len(buf):
+            rec = read_frame(buf, offset)
+            if isinstance(rec, BadFrame):
+                nxt = find_valid_frame(buf, offset + 1)
+                if nxt is not None:
+                    raise corrupt(seg.path, start + offset, f"{rec.reason}, followed by a "
+                                                            f"valid record at byte {start + nxt}")
+                break
+            scan.records.append(Record(start + offset, rec.rtype, rec.payload))
+            offset = rec.end
+        return list(updates_of(scan, schema)), start + offset
+
+    return read_past_seal_races(read, parse, finished=seg.finished, start=start)
 
 
 SAMPLE_PAYLOAD = 1 << 20

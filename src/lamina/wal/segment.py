@@ -51,8 +51,10 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from lamina.errors import CorruptionError
 from lamina.fs import crc32c
@@ -259,34 +261,48 @@ def _read_header(buf: memoryview, path: Path, *, finished: bool
 
 
 RACE_RETRIES = 6
-"""How many times :func:`scan_file` reads an open segment again before it believes an
-unsealed record followed by a valid one."""
+"""How many times an open segment is read again before a reader believes an unsealed
+record followed by a valid one (:func:`read_past_seal_races`)."""
+
+T = TypeVar("T")
 
 
-def scan_file(seg: SegmentFile, relation: str | None = None) -> tuple[Scan, bytes]:
-    """Scan a segment file, returning the scan over a private copy of its bytes.
+def read_past_seal_races(read: Callable[[], bytes], parse: Callable[[bytes], T], *,
+                         finished: bool, start: int = 0) -> T:
+    """``parse(read())``, for bytes of a segment from byte ``start`` on, read again where
+    they may have raced the writer's seal of a record.
 
     The open segment may be read while its writer seals a record: the writer writes the
     record behind a header of zeros, then writes the header over them, then the next
     record (lamina.wal.log, "Sealing a record last"). A read is not atomic against those
     writes, so it can copy the zeros before they were replaced and the next record after
     it was written: bytes the file never held at any one moment, which the rules above
-    call corruption (a bad frame followed by a valid one). Where the bad frame of an open
-    segment is exactly such a zero header, the file is read again (up to
-    :data:`RACE_RETRIES` times, a millisecond or a few apart); a race is gone by then,
-    damage stays and is reported."""
+    call corruption (a bad frame followed by a valid one). Where ``parse`` raises that for
+    an open segment (``finished`` False) at a header of zeros, the bytes are read again (up
+    to :data:`RACE_RETRIES` times, a millisecond or a few apart); a race is gone by then,
+    damage stays and is reported. ``parse``'s CorruptionError names offsets in the file,
+    so byte ``at`` of the file is ``data[at - start]``."""
     for attempt in range(RACE_RETRIES + 1):
-        data = seg.path.read_bytes()
+        data = read()
         try:
-            return scan_buffer(memoryview(data), seg.path, finished=seg.finished,
-                               relation=relation, seq=seg.seq), data
+            return parse(data)
         except CorruptionError as exc:
-            at = exc.offset
-            if (seg.finished or attempt == RACE_RETRIES or at is None
+            at = None if exc.offset is None else exc.offset - start
+            if (finished or attempt == RACE_RETRIES or at is None or at < 0
                     or data[at:at + HEADER_SIZE] != UNSEALED):
                 raise
         time.sleep(0.001 * (attempt + 1))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def scan_file(seg: SegmentFile, relation: str | None = None) -> tuple[Scan, bytes]:
+    """Scan a segment file, returning the scan over a private copy of its bytes (read again
+    where the read raced the seal of a record: :func:`read_past_seal_races`)."""
+    def parse(data: bytes) -> tuple[Scan, bytes]:
+        return scan_buffer(memoryview(data), seg.path, finished=seg.finished,
+                           relation=relation, seq=seg.seq), data
+
+    return read_past_seal_races(seg.path.read_bytes, parse, finished=seg.finished)
 
 
 def read_frontiers(seg: SegmentFile, relation: str) -> Scan:
