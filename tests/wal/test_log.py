@@ -620,13 +620,9 @@ def test_an_append_whose_check_fails_is_cut_off(tmp_path: Path,
     assert logged_ids(wal) == [0, 1, 2, 3, 4, 30, 31]
 
 
-def test_a_read_racing_a_seal_reads_the_open_segment_again(tmp_path: Path) -> None:
-    """A read of the open segment is not atomic against the writer: it can copy a record's
-    header of zeros from before the writer sealed it and the next record from after the
-    writer appended it (seen in CI: a subscription under the daemon). scan_file reads the
-    file again until the header is there; a zero header that stays is corruption after the
-    re-reads, and in a finished segment at once."""
-    wal = new_relation(tmp_path)
+def _open_segment_of_two_appends(root: Path) -> SegmentFile:
+    """The open segment of a log of two sealed appends of 50 updates (ids 0 to 99)."""
+    wal = new_relation(root)
     w = WalWriter(wal, NAME)
     w.append(batch(0, 50, 0))
     w.seal(1)
@@ -635,14 +631,28 @@ def test_a_read_racing_a_seal_reads_the_open_segment_again(tmp_path: Path) -> No
     w.close()
     seg = list_segments(wal)[-1]
     assert not seg.finished
+    return seg
+
+
+def _overwrite(seg: SegmentFile, at: int, value: bytes) -> None:
+    with seg.path.open("r+b") as f:
+        f.seek(at)
+        f.write(value)
+
+
+def test_a_read_racing_a_seal_reads_the_open_segment_again(tmp_path: Path) -> None:
+    """A read of the open segment is not atomic against the writer: it can copy a record's
+    header of zeros from before the writer sealed it and the next record from after the
+    writer appended it (seen in CI: a subscription under the daemon). scan_file reads the
+    file again until the header is there; a zero header that stays is corruption after the
+    re-reads, and in a finished segment at once."""
+    seg = _open_segment_of_two_appends(tmp_path)
     scan, data = scan_file(seg, NAME)
     at = scan.updates()[0].offset
     header = data[at:at + HEADER_SIZE]
 
     def put(value: bytes) -> None:
-        with seg.path.open("r+b") as f:
-            f.seek(at)
-            f.write(value)
+        _overwrite(seg, at, value)
 
     put(UNSEALED)  # what the racing read copied
     sealer = threading.Timer(0.004, put, (header,))  # the writer's seal, a moment later
@@ -665,14 +675,7 @@ def test_a_polling_read_racing_a_seal_reads_the_new_bytes_again(tmp_path: Path) 
     last poll (appended_updates, from a byte offset). It lacked the re-read that scan_file
     had, and tests/read/test_subscribe_daemon.py failed now and then with "unknown record
     type 0, followed by a valid record" on a segment that was whole (2026-11-29)."""
-    wal = new_relation(tmp_path)
-    w = WalWriter(wal, NAME)
-    w.append(batch(0, 50, 0))
-    w.seal(1)
-    w.append(batch(50, 50, 1))
-    w.seal(2)
-    w.close()
-    seg = list_segments(wal)[-1]
+    seg = _open_segment_of_two_appends(tmp_path)
     scan, data = scan_file(seg, NAME)
     polled_to = scan.updates()[0].offset  # an earlier poll read up to the first update
     at = scan.updates()[1].offset  # the record whose seal the next poll races
@@ -681,9 +684,7 @@ def test_a_polling_read_racing_a_seal_reads_the_new_bytes_again(tmp_path: Path) 
     whole, end = appended_updates(seg, schema, polled_to)
 
     def put(value: bytes) -> None:
-        with seg.path.open("r+b") as f:
-            f.seek(at)
-            f.write(value)
+        _overwrite(seg, at, value)
 
     put(UNSEALED)
     sealer = threading.Timer(0.004, put, (header,))
