@@ -253,6 +253,10 @@ def _cuts(run: pa.Table, column: str, bounds: Sequence[pa.Scalar]) -> list[int]:
     of rows whose value is null or below the bound."""
     col = run.column(column)
     nulls = col.null_count
+    if pa.types.is_integer(col.type) and not nulls:  # a binary search per sorted chunk
+        chunks = [columns.numpy(c) for c in col.chunks]
+        return [sum(int(np.searchsorted(c, b.as_py(), "left")) for c in chunks)
+                for b in bounds]
     return [nulls + int(kernels.sum(kernels.less(col, b)).as_py() or 0) for b in bounds]
 
 
