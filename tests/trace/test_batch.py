@@ -20,6 +20,7 @@ from lamina.objstore.local import LocalObjectStore
 from lamina.testing.faults import CountingFileSystem
 from lamina.trace.batch import (
     ROW_GROUP_ROWS,
+    VERIFY_BLOCK,
     BatchDesc,
     PartFile,
     new_id,
@@ -87,6 +88,31 @@ def test_any_flipped_byte_is_detected(tmp_path_factory: pytest.TempPathFactory,
     with pytest.raises(CorruptionError, match="checksum mismatch") as info:
         read_part(LocalObjectStore(root), part)
     assert info.value.path == path
+
+
+def test_a_part_of_several_verify_blocks_is_checked_whole(tmp_path: Path) -> None:
+    """A part larger than the block its check reads at a time (VERIFY_BLOCK): read whole
+    when intact; a flipped byte in a later block, or in the last, partial one, is caught."""
+    rng = np.random.default_rng(5)
+    n = 400_000  # random strings do not compress: several MiB
+    big = pa.table({"id": pa.array(np.sort(rng.integers(0, 2**40, n))),
+                    "item": pa.array(rng.integers(0, 2**62, n).astype(str)),
+                    "_time": pa.array(np.zeros(n, np.uint64)),
+                    "_diff": pa.array(np.ones(n, np.int64))}).cast(UPDATE_SCHEMA)
+    part = _write(tmp_path, [big])
+    path = tmp_path / part.path
+    raw = path.read_bytes()
+    assert len(raw) > 2 * VERIFY_BLOCK + 1
+    assert read_part(LocalObjectStore(tmp_path), part).equals(big)
+    for offset in (VERIFY_BLOCK + 7, len(raw) - 5):
+        damaged = bytearray(raw)
+        damaged[offset] ^= 0x10
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(CorruptionError, match="checksum mismatch"):
+            read_part(LocalObjectStore(tmp_path), part)
+    path.write_bytes(raw[:2 * VERIFY_BLOCK])  # ends on a block boundary
+    with pytest.raises(CorruptionError, match="bytes"):
+        read_part(LocalObjectStore(tmp_path), part)
 
 
 def test_truncated_or_extended_file_is_detected(tmp_path: Path) -> None:
