@@ -272,6 +272,7 @@ def test_sum_adjacent_over_chunks_distinct_rows_and_zero_diffs() -> None:
     nothing to drop (the input's rows as they are), each equal to consolidate()."""
     rows: list[Row] = [(1, "a", 0, 1), (1, "a", 0, 2), (1, "a", 1, -1), (2, "b", 1, 1),
                        (2, "b", 1, -1), (3, None, 2, 4), (None, "c", 2, 1)]
+
     def in_chunks_of_two(t: pa.Table) -> pa.Table:
         return pa.Table.from_batches([b for i in range(0, t.num_rows, 2)
                                       for b in t.slice(i, 2).to_batches()])

@@ -13,16 +13,17 @@ from lamina.threads import map_on_threads
 
 
 def test_results_come_back_in_item_order() -> None:
+    together = threading.Barrier(4, timeout=60)  # passed only with four items at once
     seen: dict[int, str] = {}
 
-    def slow_first(i: int) -> int:
-        time.sleep(0.05 * (3 - i))  # the last item finishes first
+    def last_first(i: int) -> int:
+        together.wait()
+        time.sleep(0.02 * (3 - i))  # the last item finishes first
         seen[i] = threading.current_thread().name
         return i * i
 
-    assert map_on_threads(slow_first, [0, 1, 2, 3], name="t") == [0, 1, 4, 9]
-    assert set(seen.values()) <= {threading.current_thread().name, "t-1", "t-2", "t-3"}
-    assert len(set(seen.values())) > 1  # item 0 sleeps 0.15 s: others ran meanwhile
+    assert map_on_threads(last_first, [0, 1, 2, 3], name="t") == [0, 1, 4, 9]
+    assert set(seen.values()) == {threading.current_thread().name, "t-1", "t-2", "t-3"}
 
 
 def test_no_items_and_one_item_start_no_thread() -> None:
@@ -55,17 +56,22 @@ def test_the_first_failing_item_raises_after_every_thread_is_done() -> None:
 
 
 def test_workers_bound_the_threads_and_every_item_runs_once() -> None:
-    running: list[int] = []
-    most = 0
+    together = threading.Barrier(3, timeout=60)  # the first three items run at once
+    lock = threading.Lock()
+    running, most = 0, 0
     started: list[int] = []
 
     def work(i: int) -> int:
-        nonlocal most
-        started.append(i)
-        running.append(i)
-        most = max(most, len(running))
-        time.sleep(0.02)
-        running.remove(i)
+        nonlocal running, most
+        with lock:
+            started.append(i)
+            running += 1
+            most = max(most, running)
+        if i < 3:
+            together.wait()
+        time.sleep(0.01)
+        with lock:
+            running -= 1
         return -i
 
     assert map_on_threads(work, list(range(9)), name="w", workers=3) == [-i for i in range(9)]
