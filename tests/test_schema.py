@@ -15,6 +15,7 @@ from lamina.schema import (
     FORMAT_VERSION,
     TIME,
     RelationMeta,
+    checked_updates,
     conform_updates,
     validate_name,
 )
@@ -238,3 +239,31 @@ def test_conform_paths_agree(data: st.DataObject) -> None:
         assert out.schema.equals(meta.update_schema)
         assert not out.schema.field(TIME).nullable
         assert same_table(out, table)
+    # what Relation.append passes to the WAL writer: the loose table as it is
+    assert checked_updates(meta, loose) is loose
+    assert checked_updates(meta, table) is table
+    checked = checked_updates(meta, shuffled)
+    assert checked.schema.equals(meta.update_schema)
+    assert same_table(checked, table)
+
+
+def test_checked_updates_check_the_loose_form_and_never_pass_metadata_on() -> None:
+    """A table right but for its nullable fields is checked for nulls in the columns the
+    relation declares non-nullable (and refused, naming the column); one that carries
+    schema metadata (pandas' own, say) comes back without it, under the relation's
+    schema."""
+    meta = RelationMeta.new("r", pa.schema([pa.field("a", pa.int64(), nullable=False),
+                                            pa.field("b", pa.string())]), None)
+    for column, values in (("a", {"a": [1, None], "b": ["x", None]}),
+                           (TIME, {"a": [1, 2], "b": ["x", None]})):
+        data = pa.table({**values, TIME: pa.array([0, None if column == TIME else 1],
+                                                  pa.uint64()),
+                         DIFF: pa.array([1, 1], pa.int64())})
+        assert data.schema.equals(meta.loose_update_schema)
+        with pytest.raises(SchemaError, match=f"{column!r} holds 1 nulls"):
+            checked_updates(meta, data)
+    tagged = pa.table({"a": [1], "b": ["x"], TIME: pa.array([0], pa.uint64()),
+                       DIFF: pa.array([1], pa.int64())}).replace_schema_metadata({"k": "v"})
+    out = checked_updates(meta, tagged)
+    assert out.schema.equals(meta.update_schema, check_metadata=True)
+    assert out.column("b").to_pylist() == ["x"]

@@ -552,6 +552,38 @@ def test_append_takes_polars_duckdb_pandas_and_readers(data_dir: Path) -> None:
     assert {(r["at"], r["price"], r["_diff"]) for r in got} == {(AT, price, 1)}
 
 
+def test_an_append_built_with_pa_table_writes_the_records_of_the_relations_schema(
+        tmp_path: Path) -> None:
+    """Updates built with ``pa.table`` (every field nullable) are written as they are, under
+    the relation's schema: the segment is byte for byte the one that the same updates
+    given with the exact update schema make, its records declare the non-nullable
+    ``_time`` and ``_diff``; a null in one of those is refused and writes nothing."""
+    rows = [(1, "a", 0, 1), (2, None, 1, 2), (3, "c", 1, 1)]
+    segments = []
+    for given in ("loose", "exact"):
+        with Store.open(tmp_path / given) as s:
+            rel = s.create_relation(NAME, ORDERS, key=["id"])
+            table = updates(rows)
+            if given == "exact":
+                table = pa.Table.from_arrays(table.columns, schema=rel.meta.update_schema)
+            else:
+                assert table.schema.equals(rel.meta.loose_update_schema)
+            rel.append(table)
+            rel.append(table.slice(1))
+            (segment,) = list_segments(s.layout.wal_dir(NAME))
+            segments.append(segment.path.read_bytes())
+            if given == "loose":
+                before = tree_digest(tmp_path / given)
+                bad = table.set_column(table.num_columns - 2, "_time",
+                                       pa.array([0, None, 1], pa.uint64()))
+                with pytest.raises(SchemaError, match="'_time' holds 1 nulls"):
+                    rel.append(bad)
+                assert tree_digest(tmp_path / given) == before
+            rel.seal(2)
+            assert as_rows(rel.snapshot(1)) == [(1, "a", 1), (2, None, 4), (3, "c", 2)]
+    assert segments[0] == segments[1]
+
+
 def test_append_refuses_a_lossy_conversion_and_writes_nothing(data_dir: Path) -> None:
     with Store.open(data_dir, fsync="never") as store:
         rel = store.create_relation(NAME, TYPED, key=["id"])

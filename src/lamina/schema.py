@@ -162,6 +162,11 @@ class RelationMeta:
         updates built by hand (the fast path of :func:`conform_updates`)."""
         return pa.schema([f.with_nullable(True) for f in self.update_schema])
 
+    @cached_property
+    def non_nullable_updates(self) -> tuple[int, ...]:
+        """The positions of ``update_schema``'s non-nullable fields."""
+        return tuple(i for i, f in enumerate(self.update_schema) if not f.nullable)
+
     def to_json(self) -> bytes:
         doc = {
             "format_version": self.format_version,
@@ -232,16 +237,32 @@ def conform_updates(meta: RelationMeta, data: object) -> pa.Table:
     """Check ``data`` (what :func:`to_table` takes) against the relation and return it as a
     table of exactly ``meta.update_schema`` (columns reordered, types cast where the cast is
     lossless: :func:`_castable`). Raises SchemaError naming the offending column."""
+    table = checked_updates(meta, data)
+    if table.schema.equals(meta.update_schema, check_metadata=True):
+        return table
+    return pa.Table.from_arrays(table.columns, schema=meta.update_schema)
+
+
+def checked_updates(meta: RelationMeta, data: object) -> pa.Table:
+    """As :func:`conform_updates`, but a table that is right but for its fields being
+    nullable (``meta.loose_update_schema``, what ``pa.table()`` makes of updates built by
+    hand) comes back as it is, its non-nullable columns checked for nulls, instead of
+    copied under ``meta.update_schema``: ``Relation.append`` passes it on to the WAL
+    writer, which encodes it under the relation's schema (lamina.wal.log). That copy was
+    most of an append's conforming (docs/performance.md, "WAL append")."""
     table = to_table(data)
     want = meta.update_schema
-    if table.schema.equals(want) or table.schema.equals(meta.loose_update_schema):
+    schema = table.schema
+    if schema.equals(want) or schema.equals(meta.loose_update_schema):
         # The common case, decided in C: right names, order and types. Only nulls in
         # non-nullable columns remain to be checked.
-        columns = table.columns
-        for field, col in zip(want, columns, strict=True):
-            if not field.nullable and col.null_count:
-                raise _nulls_error(field, col)
-        return pa.Table.from_arrays(columns, schema=want)
+        for i in meta.non_nullable_updates:
+            col = table.column(i)
+            if col.null_count:
+                raise _nulls_error(want.field(i), col)
+        if schema.metadata:  # never carried into a record
+            return pa.Table.from_arrays(table.columns, schema=want)
+        return table
     have = set(table.column_names)
     missing = [n for n in want.names if n not in have]
     extra = [n for n in table.column_names if n not in want.names]

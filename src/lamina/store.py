@@ -40,7 +40,7 @@ from lamina.frontier import frontier_arg
 from lamina.fs import FileSystem
 from lamina.layout import LOCK_NAME, META_NAME
 from lamina.read.snapshot import snapshot
-from lamina.schema import RelationMeta, check_diffs, conform_updates, validate_name
+from lamina.schema import RelationMeta, check_diffs, checked_updates, validate_name
 from lamina.wal.log import FSYNC_POLICIES, FsyncPolicy, WalWriter
 from lamina.wal.record import COMPRESSIONS, DEFAULT_COMPRESSION, Compression
 from lamina.wal.segment import encode_header, opening_records, segment_name, version_for
@@ -312,7 +312,8 @@ class Relation:
                                              segment_bytes=self.store.segment_bytes,
                                              segment_max_age=self.store.segment_max_age_seconds,
                                              fsync_interval=self.store.fsync_interval,
-                                             compression=self.store.wal_compression)
+                                             compression=self.store.wal_compression,
+                                             update_schema=self.meta.update_schema)
             return self._writer
 
     @contextlib.contextmanager
@@ -334,8 +335,10 @@ class Relation:
         stream (``__arrow_c_stream__``: a polars DataFrame, a DuckDB relation, a
         ``pa.RecordBatchReader``) or a pandas DataFrame (lamina.schema.to_table). A
         rejected input raises SchemaError naming what was wrong and writes nothing."""
-        table = conform_updates(self.meta, updates)
-        # the diffs are checked while the record is on its way to the disk (lamina.wal.log)
+        # as it is where it only lacks the non-null flags, which the writer's records
+        # declare (lamina.schema.checked_updates); the diffs are checked while the record
+        # is on its way to the disk (lamina.wal.log)
+        table = checked_updates(self.meta, updates)
         self._writer_or_open("append").append(table, partial(check_diffs, self.meta))
 
     def seal(self, upper: int | datetime) -> None:

@@ -116,6 +116,10 @@ def test_update_records_round_trip(data: st.DataObject) -> None:
         assert b"".join(pieces) == frame(RecordType.UPDATES, encode_updates(t, compression))
         assert size == sum(len(p) for p in pieces)
     assert b"".join(encoder.encode(conformed)[0]) == expected
+    # the same table built with every field nullable, as Relation.append passes it on
+    loose = pa.Table.from_arrays(conformed.columns, schema=meta.loose_update_schema)
+    as_is = UpdatesEncoder(meta.update_schema, compression, batches=loose.schema)
+    assert b"".join(as_is.encode(loose)[0]) == expected
     buf = memoryview(b"junk" + frame(RecordType.UPDATES, payload))
     rec = read_frame(buf, 4)
     assert isinstance(rec, Record)
@@ -147,10 +151,29 @@ def test_encoder_pieces_equal_a_fresh_stream_for_chunks_slices_and_dictionaries(
                 assert b"".join(pieces) == expected
                 assert size == len(expected)
                 assert decode_updates(expected[HEADER_SIZE:]).equals(t.combine_chunks())
+        # tables whose fields are all nullable, records declaring non-nullable ones
+        for t in (plain.drop_null(), dicts):
+            strict = pa.schema([f.with_nullable(False) for f in t.schema])
+            as_is = UpdatesEncoder(strict, compression, batches=t.schema)  # type: ignore[arg-type]
+            expected = frame(RecordType.UPDATES, encode_updates(
+                pa.Table.from_arrays(t.columns, schema=strict), compression))  # type: ignore[arg-type]
+            assert b"".join(as_is.encode(t)[0]) == expected
+            assert decode_updates(expected[HEADER_SIZE:]).schema.equals(strict)
     big = pa.table({"k": pa.array(range(1000), pa.int64())})
     pieces, _ = UpdatesEncoder(big.schema).encode(big)
     column = big.column("k").chunk(0).buffers()[1]
     assert any(isinstance(p, pa.Buffer) and p.address == column.address for p in pieces)
+
+
+def test_an_encoder_refuses_tables_that_differ_beyond_nullability() -> None:
+    """An encoder writes tables of another schema than its records declare only where the
+    two differ in nothing but nullability."""
+    declared = pa.schema([pa.field("k", pa.int64(), False), pa.field("s", pa.string())])
+    for other in (pa.schema([("k", pa.int32()), ("s", pa.string())]),
+                  pa.schema([("s", pa.string()), ("k", pa.int64())]),
+                  pa.schema([("k", pa.int64()), ("s", pa.string())], metadata={"m": "1"})):
+        with pytest.raises(ValueError, match="only in nullability"):
+            UpdatesEncoder(declared, batches=other)
 
 
 @settings(max_examples=50, deadline=None)

@@ -134,7 +134,8 @@ class WalWriter:
     def __init__(self, wal_dir: Path, relation: str, *, fs: FileSystem | None = None,
                  fsync: FsyncPolicy = "always", segment_bytes: int = 64 << 20,
                  fsync_interval: float = 0.1, segment_max_age: float = 60.0,
-                 compression: Compression = "none") -> None:
+                 compression: Compression = "none",
+                 update_schema: pa.Schema | None = None) -> None:
         if fsync not in FSYNC_POLICIES:
             raise InvalidArgumentError(f"fsync policy {fsync!r} is not one of {FSYNC_POLICIES}")
         if compression not in COMPRESSIONS:
@@ -167,6 +168,9 @@ class WalWriter:
         self._segment_version = version_for(compression)  # the open segment's version
         self._segment_born = time.monotonic()  # when this writer opened or created it
         self._encoders = threading.local()  # each appending thread's UpdatesEncoder
+        self.update_schema = update_schema  # what records declare (append)
+        self._loose = (None if update_schema is None else
+                       pa.schema([f.with_nullable(True) for f in update_schema]))
         try:
             self._file, self.seq, self._upper, self._since = self._recover()
         except BaseException:
@@ -266,7 +270,10 @@ class WalWriter:
     # --- writes ---------------------------------------------------------------------------
     def append(self, table: pa.Table,
                check: Callable[[pa.Table], object] | None = None) -> None:
-        """Write one UPDATES record for ``table`` (already conformed to the schema).
+        """Write one UPDATES record for ``table`` (already conformed to the schema; with
+        ``update_schema`` given, a table of that schema with every field nullable is
+        written under it as it is: its caller checked the non-nullable columns for nulls,
+        lamina.schema.checked_updates).
 
         ``check(table)``, if given, runs while the record's bytes are on their way to the
         disk (module docstring, "Sealing a record last"); if it raises, or an update's time
@@ -281,12 +288,9 @@ class WalWriter:
         # record into a version 2 segment, which is legal.
         codec = self.compression if self._segment_version >= 2 else "none"
         encoder = getattr(self._encoders, "encoder", None)
-        if encoder is None or encoder.compression != codec or not encoder.schema.equals(
+        if encoder is None or encoder.compression != codec or not encoder.batches.equals(
                 table.schema, check_metadata=True):
-            if table.schema.names[-2:] != [TIME, DIFF]:  # what least_time relies on
-                raise InvalidArgumentError(f"updates for relation {self.relation!r} are not "
-                                           f"a conformed update table: {table.schema.names}")
-            encoder = self._encoders.encoder = UpdatesEncoder(table.schema, codec)
+            encoder = self._encoders.encoder = self._encoder(table.schema, codec)
         if codec != "none" and table.nbytes > MAX_PAYLOAD:  # readers rely on the bound
             raise InvalidArgumentError(f"append of {table.nbytes} bytes of columns exceeds "
                                        f"the {MAX_PAYLOAD}-byte record limit; split the "
@@ -301,6 +305,16 @@ class WalWriter:
             seqno = self._write_updates(encoder, record, size, table, check)
             self._segment_updates = True
         self._await_durable(seqno)
+
+    def _encoder(self, schema: pa.Schema, codec: Compression) -> UpdatesEncoder:
+        """An encoder for tables of ``schema``, declaring ``update_schema`` where they are
+        its loose form (every field nullable), else ``schema`` itself."""
+        if schema.names[-2:] != [TIME, DIFF]:  # what least_time relies on
+            raise InvalidArgumentError(f"updates for relation {self.relation!r} are not "
+                                       f"a conformed update table: {schema.names}")
+        if self._loose is not None and schema.equals(self._loose, check_metadata=True):
+            return UpdatesEncoder(self.update_schema, codec, batches=schema)
+        return UpdatesEncoder(schema, codec)
 
     def _write_updates(self, encoder: UpdatesEncoder, record: list[Any], size: int,
                        table: pa.Table, check: Callable[[pa.Table], object] | None) -> int:

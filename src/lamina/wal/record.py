@@ -167,31 +167,50 @@ class UpdatesEncoder:
     dictionary is written once per stream): a schema with one gets a fresh stream per
     record. tests/wal/test_record.py checks the equality over random schemas and tables.
 
+    ``batches`` (default ``schema``) is the schema of the tables it encodes, when that
+    differs from the one its records declare only in which top-level fields are nullable:
+    a record batch message names no field, so a table built with ``pa.table()`` (every
+    field nullable) whose non-nullable columns were checked for nulls is written under the
+    relation's schema as it is, byte for byte the record of the same table copied under
+    that schema (``Relation.append``: lamina.schema.checked_updates).
+
     Not thread-safe: one encoder per appending thread. A record's pieces hold the table's
     buffers alive while the caller holds the list."""
 
-    def __init__(self, schema: pa.Schema, compression: Compression = "none") -> None:
+    def __init__(self, schema: pa.Schema, compression: Compression = "none", *,
+                 batches: pa.Schema | None = None) -> None:
+        batches = schema if batches is None else batches
+        if not _nullable(batches).equals(_nullable(schema), check_metadata=True):
+            raise ValueError(f"an encoder's tables may differ from the schema its records "
+                             f"declare only in nullability: {batches} against {schema}")
         self.schema = schema
+        self.batches = batches
         self.compression = check_compression(compression)
         self._options = _WRITE_OPTIONS[compression]
-        probe = _Parts()
-        pa.ipc.new_stream(pa.PythonFile(probe, mode="w"), schema, options=self._options).close()
-        stream = b"".join(probe.pieces)
-        if not stream.endswith(_EOS):  # pragma: no cover - a pyarrow that writes otherwise
-            raise RuntimeError("pyarrow wrote an IPC stream without the expected end marker")
-        self._schema_message = stream[:-len(_EOS)]
+        self._schema_message = self._stream_head(schema)
+        # what a fresh stream of the tables' schema starts with (the dictionary path)
+        self._batches_head = len(self._stream_head(batches))
         self._start_crc = crc32c(self._schema_message, crc32c(bytes((RecordType.UPDATES,))))
         self._fixed = len(self._schema_message) + len(_EOS)
         self._sink = _Parts()
         self._file = pa.PythonFile(self._sink, mode="w")
         self._writer: Any = None
         if not _has_dictionary(schema):
-            self._writer = pa.ipc.new_stream(self._file, schema, options=self._options)
+            self._writer = pa.ipc.new_stream(self._file, batches, options=self._options)
             # starts it; an empty batch of typed empty arrays (from_pylist would import
             # pandas, a second of a coordinator's first append: lamina.columns)
             self._writer.write_batch(pa.RecordBatch.from_arrays(
-                [pa.nulls(0, f.type) for f in schema], schema=schema))
+                [pa.nulls(0, f.type) for f in batches], schema=batches))
         self._sink.pieces.clear()
+
+    def _stream_head(self, schema: pa.Schema) -> bytes:
+        """The schema message a stream of ``schema`` starts with."""
+        probe = _Parts()
+        pa.ipc.new_stream(pa.PythonFile(probe, mode="w"), schema, options=self._options).close()
+        stream = b"".join(probe.pieces)
+        if not stream.endswith(_EOS):  # pragma: no cover - a pyarrow that writes otherwise
+            raise RuntimeError("pyarrow wrote an IPC stream without the expected end marker")
+        return stream[:-len(_EOS)]
 
     def encode(self, table: pa.Table) -> tuple[list[Any], int]:
         """The pieces of ``table``'s record (header first) and the record's length in bytes."""
@@ -208,9 +227,9 @@ class UpdatesEncoder:
         if self._writer is not None:
             self._writer.write_table(table)
         else:
-            with pa.ipc.new_stream(self._file, self.schema, options=self._options) as writer:
+            with pa.ipc.new_stream(self._file, self.batches, options=self._options) as writer:
                 writer.write_table(table)
-            pieces[:] = [b"".join(pieces)[len(self._schema_message):-len(_EOS)]]
+            pieces[:] = [b"".join(pieces)[self._batches_head:-len(_EOS)]]
         size = self._fixed + sum(len(piece) for piece in pieces)
         record = [UNSEALED, self._schema_message, *pieces, _EOS]
         pieces.clear()  # the table's buffers stay referenced by the record alone
@@ -223,6 +242,11 @@ class UpdatesEncoder:
         for piece in itertools.islice(record, 2, None):  # after the header, schema message
             crc = _crc(piece, crc)
         return HEADER.pack(size - HEADER_SIZE, RecordType.UPDATES, crc)
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every top-level field nullable."""
+    return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
 
 
 def _has_dictionary(schema: pa.Schema) -> bool:
