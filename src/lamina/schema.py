@@ -249,7 +249,8 @@ def checked_updates(meta: RelationMeta, data: object) -> pa.Table:
     hand) comes back as it is, its non-nullable columns checked for nulls, instead of
     copied under ``meta.update_schema``: ``Relation.append`` passes it on to the WAL
     writer, which encodes it under the relation's schema (lamina.wal.log). That copy was
-    most of an append's conforming (docs/performance.md, "WAL append")."""
+    most of an append's conforming (docs/performance.md, "WAL append"). A table with
+    schema or field metadata is still copied under ``meta.update_schema``, without it."""
     table = to_table(data)
     want = meta.update_schema
     schema = table.schema
@@ -260,9 +261,11 @@ def checked_updates(meta: RelationMeta, data: object) -> pa.Table:
             col = table.column(i)
             if col.null_count:
                 raise _nulls_error(want.field(i), col)
-        if schema.metadata:  # never carried into a record
-            return pa.Table.from_arrays(table.columns, schema=want)
-        return table
+        if schema.equals(want, check_metadata=True) or schema.equals(
+                meta.loose_update_schema, check_metadata=True):
+            return table
+        # metadata (the schema's or a field's: pandas', polars') never reaches a record
+        return pa.Table.from_arrays(table.columns, schema=want)
     have = set(table.column_names)
     missing = [n for n in want.names if n not in have]
     extra = [n for n in table.column_names if n not in want.names]
