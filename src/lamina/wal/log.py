@@ -92,6 +92,7 @@ from lamina.wal.record import (
     Compression,
     RecordType,
     UpdatesEncoder,
+    all_nullable,
     encode_frontier,
     frame,
 )
@@ -169,8 +170,7 @@ class WalWriter:
         self._segment_born = time.monotonic()  # when this writer opened or created it
         self._encoders = threading.local()  # each appending thread's UpdatesEncoder
         self.update_schema = update_schema  # what records declare (append)
-        self._loose = (None if update_schema is None else
-                       pa.schema([f.with_nullable(True) for f in update_schema]))
+        self._loose = None if update_schema is None else all_nullable(update_schema)
         try:
             self._file, self.seq, self._upper, self._since = self._recover()
         except BaseException:

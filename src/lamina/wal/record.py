@@ -180,7 +180,7 @@ class UpdatesEncoder:
     def __init__(self, schema: pa.Schema, compression: Compression = "none", *,
                  batches: pa.Schema | None = None) -> None:
         batches = schema if batches is None else batches
-        if not _nullable(batches).equals(_nullable(schema), check_metadata=True):
+        if not all_nullable(batches).equals(all_nullable(schema), check_metadata=True):
             raise ValueError(f"an encoder's tables may differ from the schema its records "
                              f"declare only in nullability: {batches} against {schema}")
         self.schema = schema
@@ -244,8 +244,8 @@ class UpdatesEncoder:
         return HEADER.pack(size - HEADER_SIZE, RecordType.UPDATES, crc)
 
 
-def _nullable(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with every top-level field nullable."""
+def all_nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every top-level field nullable (what ``pa.table()`` makes)."""
     return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
 
 
