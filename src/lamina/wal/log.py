@@ -125,7 +125,7 @@ def least_time(times: pa.ChunkedArray) -> int:
     for chunk in times.chunks:
         if len(chunk):
             values = np.frombuffer(chunk.buffers()[1], np.uint64, len(chunk), chunk.offset * 8)
-            least = min(least, int(values.min()))
+            least = min(least, int(np.minimum.reduce(values)))
     return least
 
 
