@@ -52,7 +52,7 @@ store of that cell in ``DIR/data``.
 
 ``wal`` times the pieces of an append of bench/wal_append.py's 10,000-row batches (eight
 distinct ones, so caches do not flatter it) in the loop, ``--runs`` appends a round: the
-input checks (``conform_updates``, ``check_diffs``), the encoding
+input checks (``checked_updates``, ``check_diffs``), the encoding
 (``UpdatesEncoder.encode``: the record's pieces, no copy, CRC32C included), the time check
 (``least_time``), ``os.writev`` and ``os.fdatasync`` of the record; then
 ``Relation.append`` (fsync "always") whole, for comparison. Then the same work at the
