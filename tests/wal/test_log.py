@@ -173,6 +173,33 @@ def test_append_seal_since_survive_reopen(tmp_path: Path) -> None:
     assert frontiers(wal, NAME) == (7, 4)
 
 
+def test_a_writer_keeps_an_encoder_for_each_of_two_table_forms(tmp_path: Path) -> None:
+    """Tables of the exact update schema and tables built with ``pa.table()`` (every field
+    nullable) in turn: the writer keeps an encoder for each, so alternating costs no
+    encoder per append; both forms make records declaring the relation's schema, byte for
+    byte alike. A third form replaces the one least recently used."""
+    wal = new_relation(tmp_path / "alternating")
+    exact = batch(0, 3, 0)
+    loose = pa.Table.from_arrays(exact.columns, schema=META.loose_update_schema)
+    w = WalWriter(wal, NAME, update_schema=META.update_schema)
+    first = {"exact": w._encoder_for(exact.schema, "none"),
+             "loose": w._encoder_for(loose.schema, "none")}
+    for table in (exact, loose, loose, exact, loose):
+        w.append(table)
+    assert w._encoder_for(exact.schema, "none") is first["exact"]
+    assert w._encoder_for(loose.schema, "none") is first["loose"]
+    assert first["loose"].schema.equals(META.update_schema, check_metadata=True)
+    w._encoder_for(exact.schema, "lz4")  # a third: the loose one was used last
+    assert w._encoder_for(loose.schema, "none") is first["loose"]
+    assert w._encoder_for(exact.schema, "none") is not first["exact"]
+    w.close()
+    records = [r for seg in list_segments(wal) for r in scan_file(seg, NAME)[0].records
+               if r.rtype is RecordType.UPDATES]
+    assert len(records) == 5
+    assert len({bytes(r.payload) for r in records}) == 1
+    assert logged_ids(wal) == [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+
+
 def test_repeated_frontiers_write_nothing(tmp_path: Path) -> None:
     """Sealing at the current upper, allowing compaction at the current since and
     appending an empty table are no-ops that leave the files as they were."""

@@ -168,7 +168,7 @@ class WalWriter:
         self._segment_updates = False  # the open segment holds an UPDATES record
         self._segment_version = version_for(compression)  # the open segment's version
         self._segment_born = time.monotonic()  # when this writer opened or created it
-        self._encoders = threading.local()  # each appending thread's UpdatesEncoder
+        self._encoders = threading.local()  # each appending thread's UpdatesEncoders
         self.update_schema = update_schema  # what records declare (append)
         self._loose = None if update_schema is None else all_nullable(update_schema)
         try:
@@ -287,10 +287,7 @@ class WalWriter:
         # segment is followed by version 2 ones), so a stale read writes an uncompressed
         # record into a version 2 segment, which is legal.
         codec = self.compression if self._segment_version >= 2 else "none"
-        encoder = getattr(self._encoders, "encoder", None)
-        if encoder is None or encoder.compression != codec or not encoder.batches.equals(
-                table.schema, check_metadata=True):
-            encoder = self._encoders.encoder = self._encoder(table.schema, codec)
+        encoder = self._encoder_for(table.schema, codec)
         if codec != "none" and table.nbytes > MAX_PAYLOAD:  # readers rely on the bound
             raise InvalidArgumentError(f"append of {table.nbytes} bytes of columns exceeds "
                                        f"the {MAX_PAYLOAD}-byte record limit; split the "
@@ -305,6 +302,21 @@ class WalWriter:
             seqno = self._write_updates(encoder, record, size, table, check)
             self._segment_updates = True
         self._await_durable(seqno)
+
+    def _encoder_for(self, schema: pa.Schema, codec: Compression) -> UpdatesEncoder:
+        """This thread's encoder for tables of ``schema``. The last two are kept, so a
+        caller alternating between two forms of its tables (built with ``pa.table()``, and
+        of the exact schema) does not build an encoder per append."""
+        kept: list[UpdatesEncoder] = getattr(self._encoders, "kept", None) or []
+        for i, encoder in enumerate(kept):
+            if encoder.compression == codec and encoder.batches.equals(schema,
+                                                                       check_metadata=True):
+                if i:
+                    kept.reverse()
+                return encoder
+        encoder = self._encoder(schema, codec)
+        self._encoders.kept = [encoder, *kept[:1]]
+        return encoder
 
     def _encoder(self, schema: pa.Schema, codec: Compression) -> UpdatesEncoder:
         """An encoder for tables of ``schema``, declaring ``update_schema`` where they are
