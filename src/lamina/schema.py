@@ -264,7 +264,7 @@ def checked_updates(meta: RelationMeta, data: object) -> pa.Table:
         if schema.equals(want, check_metadata=True) or schema.equals(
                 meta.loose_update_schema, check_metadata=True):
             return table
-        # metadata (the schema's or a field's: pandas', polars') never reaches a record
+        # metadata (the schema's, as pandas sets, or a field's) never reaches a record
         return pa.Table.from_arrays(table.columns, schema=want)
     have = set(table.column_names)
     missing = [n for n in want.names if n not in have]
