@@ -75,6 +75,11 @@ RESERVED = (TIME, DIFF)
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
+def all_nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every top-level field nullable (what ``pa.table()`` makes)."""
+    return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+
+
 def validate_name(name: object) -> str:
     """Return ``name`` if it is a valid relation name, else raise InvalidNameError."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in (".", ".."):
@@ -160,7 +165,7 @@ class RelationMeta:
     def loose_update_schema(self) -> pa.Schema:
         """``update_schema`` with every field nullable: what ``pa.table()`` makes of
         updates built by hand (the fast path of :func:`conform_updates`)."""
-        return pa.schema([f.with_nullable(True) for f in self.update_schema])
+        return all_nullable(self.update_schema)
 
     @cached_property
     def non_nullable_updates(self) -> tuple[int, ...]:

@@ -84,7 +84,7 @@ from lamina.frontier import CLOSED, check_frontier, fmt
 from lamina.fs import AppendFile, FileSystem
 from lamina.layout import LOCK_NAME
 from lamina.lock import DirLock
-from lamina.schema import DIFF, TIME
+from lamina.schema import DIFF, TIME, all_nullable
 from lamina.wal.record import (
     COMPRESSIONS,
     HEADER_SIZE,
@@ -92,7 +92,6 @@ from lamina.wal.record import (
     Compression,
     RecordType,
     UpdatesEncoder,
-    all_nullable,
     encode_frontier,
     frame,
 )

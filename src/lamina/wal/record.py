@@ -48,6 +48,7 @@ import pyarrow as pa
 from lamina.errors import CorruptionError
 from lamina.frontier import CLOSED
 from lamina.fs import crc32c, crc32c_raw
+from lamina.schema import all_nullable
 
 HEADER = struct.Struct("<IBI")
 HEADER_SIZE = HEADER.size
@@ -188,14 +189,15 @@ class UpdatesEncoder:
         self.compression = check_compression(compression)
         self._options = _WRITE_OPTIONS[compression]
         self._schema_message = self._stream_head(schema)
-        # what a fresh stream of the tables' schema starts with (the dictionary path)
-        self._batches_head = len(self._stream_head(batches))
         self._start_crc = crc32c(self._schema_message, crc32c(bytes((RecordType.UPDATES,))))
         self._fixed = len(self._schema_message) + len(_EOS)
         self._sink = _Parts()
         self._file = pa.PythonFile(self._sink, mode="w")
         self._writer: Any = None
-        if not _has_dictionary(schema):
+        self._batches_head = 0  # what a fresh stream of the tables' schema starts with
+        if _has_dictionary(schema):  # a fresh stream per record, its head cut off
+            self._batches_head = len(self._stream_head(batches))
+        else:
             self._writer = pa.ipc.new_stream(self._file, batches, options=self._options)
             # starts it; an empty batch of typed empty arrays (from_pylist would import
             # pandas, a second of a coordinator's first append: lamina.columns)
@@ -242,11 +244,6 @@ class UpdatesEncoder:
         for piece in itertools.islice(record, 2, None):  # after the header, schema message
             crc = _crc(piece, crc)
         return HEADER.pack(size - HEADER_SIZE, RecordType.UPDATES, crc)
-
-
-def all_nullable(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with every top-level field nullable (what ``pa.table()`` makes)."""
-    return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
 
 
 def _has_dictionary(schema: pa.Schema) -> bool:
