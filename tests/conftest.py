@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import settings
 
+from lamina import blas
 from tests import spark_jvm
 
 if TYPE_CHECKING:
@@ -27,6 +28,11 @@ settings.load_profile("lamina")
 for _name, _value in spark_jvm.environment().items():
     os.environ.setdefault(_name, _value)
 spark_jvm.write_properties()
+
+# Every Python process a test starts (coordinators, crash children, fork servers, the
+# pytest-xdist workers themselves, spawned after this file is read) starts OpenBLAS with
+# one thread, as lamina's command line does for its own (src/lamina/blas.py says why).
+blas.one_thread()
 
 ORDERS = pa.schema([("id", pa.int64()), ("item", pa.string())])
 
