@@ -2,7 +2,7 @@
 suite's ``tests/spark_jvm.py`` (docs/reliability.md, "The test suite's time").
 
     .venv/bin/python -m bench.suite_jvm [--jobs 3 40] [--rounds 3]
-        [--options "" "-XX:TieredStopAtLevel=1"] [--cds]
+        [--options "" "-XX:TieredStopAtLevel=1"] [--cds | --cds-each]
 
 Each measurement is a fresh interpreter that starts a ``local[2]`` session the way the
 daemon does (:func:`lamina.compacter.spark.build_session`, with
@@ -13,7 +13,8 @@ pack of small steps), and reports the JVM's own CPU time (user + system, from
 round by round; the medians are printed with each set's ratio to the first. ``--cds`` adds
 the last set with a class-data-sharing archive (``-XX:SharedArchiveFile``), which one more
 driver of that set dumps first (``-XX:ArchiveClassesAtExit``): what tests/spark_jvm.py does
-for the test suite. CPU time, not wall time, is the figure: the suite is CPU-bound on 2
+for the test suite; ``--cds-each`` gives every set an archive of its own (how the test
+suite's collector was chosen). CPU time, not wall time, is the figure: the suite is CPU-bound on 2
 cores, so a JVM's CPU is what it takes from every other test.
 
 Prints a table; writes no result file (it measures the test suite, not lamina).
@@ -74,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cds", action="store_true",
                         help="also the last option set with a class-data archive, dumped "
                              "first by a driver of the same options (tests/spark_jvm.py)")
+    parser.add_argument("--cds-each", action="store_true",
+                        help="every option set with a class-data archive of its own, dumped "
+                             "first by a driver of its options (options that change how the "
+                             "JVM runs once the archive is there, e.g. the collector)")
     args = parser.parse_args(argv)
+    if args.cds and args.cds_each:
+        parser.error("--cds and --cds-each exclude each other")
     # the conf dir stays empty: Spark puts it on the class path, and class-data sharing
     # refuses a non-empty directory there
     with tempfile.TemporaryDirectory() as conf_dir, tempfile.TemporaryDirectory() as work:
@@ -83,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
             last = args.options[-1]
             measure(f"{last} -XX:ArchiveClassesAtExit={archive}", 3, conf_dir)
             args.options.append(f"{last} -XX:SharedArchiveFile={archive}")
+        if args.cds_each:
+            with_archives = []
+            for i, opts in enumerate(args.options):
+                archive = os.path.join(work, f"spark-{i}.jsa")
+                measure(f"{opts} -XX:ArchiveClassesAtExit={archive}", 3, conf_dir)
+                with_archives.append(f"{opts} -XX:SharedArchiveFile={archive}")
+            args.options = with_archives
         runs: dict[tuple[int, str], list[dict[str, float]]] = {
             (j, o): [] for j in args.jobs for o in args.options}
         for r in range(args.rounds):

@@ -34,13 +34,13 @@ def test_the_environment_is_the_suites() -> None:
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         line = next(x for x in properties.splitlines() if x.startswith(key))
         options = shlex.split(line.removeprefix(key))
-        for flag in spark_jvm.FLAGS:
+        for flag in (*spark_jvm.FLAGS, spark_jvm.SERIAL):
             assert flag in options, line
         if archive is None:  # not named until dumped (spark_jvm.current_archive)
             assert not any(o.startswith("-XX:SharedArchiveFile") for o in options), line
         else:
             assert f"-XX:SharedArchiveFile={archive}" in options, line
-    for flag in spark_jvm.FLAGS:
+    for flag in (*spark_jvm.FLAGS, spark_jvm.SERIAL):
         assert flag in os.environ["SPARK_DAEMON_JAVA_OPTS"].split()
 
 
@@ -58,15 +58,31 @@ def test_the_archive_key_follows_the_options(monkeypatch: pytest.MonkeyPatch) ->
     assert before.parent == spark_jvm.ROOT
     assert before.suffix == ".jsa"
     assert spark_jvm.archive_path() == before  # stable
-    monkeypatch.setattr(spark_jvm, "FLAGS", (*spark_jvm.FLAGS, "-XX:+UseSerialGC"))
+    monkeypatch.setattr(spark_jvm, "FLAGS", (*spark_jvm.FLAGS, "-XX:+AlwaysPreTouch"))
     assert spark_jvm.archive_path() != before
+    monkeypatch.undo()
+    monkeypatch.setattr(spark_jvm, "SERIAL", "-XX:+UseParallelGC")
+    assert spark_jvm.archive_path() != before
+
+
+def test_a_driver_at_the_minimum_heap_can_have_g1() -> None:
+    """The serial collector reports a heap below Spark's minimum at -Xmx450m, so the
+    bounded-memory test's driver takes G1 through ``gc``: one collector, never both."""
+    for gc, other in ((spark_jvm.SERIAL, spark_jvm.G1), (spark_jvm.G1, spark_jvm.SERIAL)):
+        for line in spark_jvm.properties_text(None, gc=gc).splitlines()[1:]:
+            options = shlex.split(line.split(None, 1)[1])
+            assert gc in options, line
+            assert other not in options, line
 
 
 @pytest.mark.spark
 def test_the_shared_session_runs_with_the_suites_jvm_options(spark: Any) -> None:
     args = jvm_arguments(spark)
-    for flag in spark_jvm.FLAGS:
+    for flag in (*spark_jvm.FLAGS, spark_jvm.SERIAL):
         assert flag in args, args
+    bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    collectors = [str(b.getName()) for b in bean.getGarbageCollectorMXBeans()]
+    assert collectors == ["Copy", "MarkSweepCompact"], collectors  # the serial collector
 
 
 @pytest.mark.spark

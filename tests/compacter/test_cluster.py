@@ -94,7 +94,7 @@ def assert_suite_jvm_options(cluster: StandaloneCluster) -> None:
     assert launched, "no executor was launched"
     cds = () if archive is None else (f"-XX:SharedArchiveFile={archive}",)
     for argv in [*daemons, *(" ".join(lines) for lines in launched)]:
-        for flag in (*spark_jvm.FLAGS, *cds):
+        for flag in (*spark_jvm.FLAGS, spark_jvm.SERIAL, *cds):
             assert flag in argv, argv
     if archive is not None:
         for argv, mapped in zip(daemons, maps, strict=True):
