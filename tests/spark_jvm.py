@@ -3,8 +3,8 @@
 On 2 cores the suite is CPU-bound from its first test to its last, and its JVMs (each
 worker's shared session, every ``lamina serve`` and ``lamina drill`` daemon, a standalone
 cluster's master, worker and executors) took about a third of its CPU, most of it in JVMs
-that live seconds to minutes: compiling and loading classes, not running jobs. Two JVM
-options take much of that out, for the test run only (production daemons keep the JVM's
+that live seconds to minutes: compiling and loading classes, not running jobs. Three JVM
+options take some of that out, for the test run only (production daemons keep the JVM's
 defaults; a long-lived daemon earns back what they save):
 
 - ``-XX:TieredStopAtLevel=1``: C1 only, no C2 compiler warming up. A driver started as the

@@ -9,7 +9,7 @@ process that lives long pays it once; the processes that start often pay it ever
 each ``lamina`` command, each life of a drill's coordinator and daemon, each process a
 supervisor restarts. A drill of 40 coordinator kills (``lamina drill --kills 40
 --daemon-share 0 --executor inprocess --relations 12``) took 54 CPU-s without the setting
-and 42 with it (docs/performance.md, "One OpenBLAS thread").
+and 42 with it (docs/reliability.md, "One OpenBLAS thread per process").
 
 OpenBLAS reads the variable once, when it loads, so it must be in the environment before
 numpy's first import: the command line sets it first thing (:mod:`lamina.cli`, imported
