@@ -24,6 +24,8 @@ The tree is small on purpose; callers catch a branch, not a leaf:
 - :class:`ConfigError`: settings could not be validated.
 - :class:`JobError`: a Spark job failed (after retries, where the caller retries).
   :class:`JobCancelledError`: a job was cancelled (shutdown, a dropped relation).
+- :class:`ForkServerError`: a fork server (the drills' starter of short-lived processes)
+  could not start, refused to fork, or died.
 - :class:`SourceError`: an ingestion source failed: :class:`SourceTransientError` is
   retried with backoff, :class:`SourceStalledError` (with a ``hint``) stalls outputs.
   :class:`SourceProtocolError`: upstream bytes break the wire protocol (message, byte).
@@ -182,6 +184,11 @@ class JobError(LaminaError):
 class JobCancelledError(JobError):
     """A compaction job was cancelled (shutdown, a dropped relation, an operator) before
     its output was committed: nothing was committed; it runs again from its inputs."""
+
+
+class ForkServerError(LaminaError):
+    """A fork server (lamina.forkserver) could not start, refused to fork, or died: the
+    children it started may still run, but their exit status is lost."""
 
 
 class SourceError(LaminaError):

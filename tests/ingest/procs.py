@@ -1,8 +1,8 @@
 """Running ``lamina ingest`` as a real process in tests: config files, the HTTP port it
 bound, waiting on /v1/sources, signals.
 
-Each process is a child of this test worker's fork server (:mod:`tests.forkserver`, started
-on first use with lamina's CLI and ingestion imported): a real process that runs
+Each process is a child of this test worker's fork server (:mod:`lamina.forkserver`,
+started on first use with lamina's CLI and ingestion imported): a real process that runs
 ``lamina ingest`` and is killed with real signals, without paying the imports on every one
 of the hundred-odd restarts of the kill tests."""
 
@@ -12,6 +12,7 @@ import atexit
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.forkserver import ForkServer
+from lamina.forkserver import ForkServer
 
 #: what the fork server imports before it forks: everything ``lamina ingest`` needs, and
 #: pandas, which pyarrow imports the first time ingestion builds an array from Python rows
@@ -37,7 +38,7 @@ def fork_server() -> ForkServer:
     """This process's fork server (started on first use, stopped at exit)."""
     with _servers_lock:
         server = _servers.get(os.getpid())
-        if server is None or server.proc.poll() is not None:
+        if server is None or not server.alive():
             server = _servers[os.getpid()] = ForkServer(PRELOAD)
             atexit.register(server.close)
         return server
@@ -71,8 +72,11 @@ class Ingest:
                 if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
         full.update(env or {})
         log.touch()
-        self.proc = fork_server().spawn(["ingest", "--config", str(config),
-                                         "--http", "127.0.0.1:0"], full, log)
+        with log.open("ab") as err:
+            self.proc = fork_server().spawn("lamina.cli.main:main",
+                                            ["ingest", "--config", str(config),
+                                             "--http", "127.0.0.1:0"], env=full,
+                                            stdout=subprocess.DEVNULL, stderr=err)
         self.port: int | None = None
 
     def events(self) -> list[dict[str, Any]]:

@@ -20,7 +20,9 @@ Loops run at once against one data directory (see docs/reliability.md):
 
 Spark's start-up (10-15 s on an idle 2-core machine, twice that under load; measured per
 life in the report) and the first Spark job of each life bound how many daemon lives fit,
-while a coordinator life costs about a second, so by default one kill in ten is a daemon
+while a coordinator life costs well under a second (each is a child of one fork server
+that imported the workload once, lamina.forkserver: ready about 0.03 s after it was
+forked), so by default one kill in ten is a daemon
 kill (``--daemon-share``), mostly at fail points: each point fires at a known step, so a
 few daemon lives cover every step.
 
@@ -61,9 +63,10 @@ from typing import IO, Any
 
 from lamina.drill.check import CheckStats, check, check_live
 from lamina.drill.oracle import Oracle
-from lamina.drill.procs import DaemonProcess, start_workload
+from lamina.drill.procs import WORKLOAD, DaemonProcess, start_workload
 from lamina.drill.workdirs import drill_dirs
 from lamina.drill.workload import RELATION, relation_names
+from lamina.forkserver import ChildProcess, ForkServer
 from lamina.store import Store
 
 #: coordinator fail points: phase, and the range of N for ``kill@N``
@@ -97,6 +100,10 @@ READY_TIMEOUT = 300.0  # a daemon start on a busy 2-core machine
 POINT_TIMEOUT = 150.0  # after ready: a fail point that has not fired by then is missed
 COORDINATOR_POINT_TIMEOUT = 30.0
 RANDOM_KILL_SPAN = 0.8  # random coordinator kills: up to this long after ready
+#: kills while a coordinator starts: up to this long after it was forked. A forked
+#: workload parses its arguments, opens the store and recovers its WAL in 0.02 to 0.03 s
+#: (the median ready time in the CI drill), so most of these land in that start
+START_KILL_SPAN = 0.03
 DAEMON_RANDOM_SPAN = 30.0  # random daemon kills: up to this long after ready
 FINAL_RESERVE = 60.0  # seconds --max-seconds keeps for the final phase
 EXECUTORS = ("spark", "inprocess", "mixed")
@@ -281,6 +288,7 @@ class Drill:
             self._kill_deadline = self._started + max_seconds - reserve
         self.final_daemon: DaemonProcess | None = None
         self._final_log_offset = 0
+        self._forks: ForkServer | None = None  # what starts the coordinators (run())
         self.coordinator_kills = 0
         self.daemon_kills = 0
 
@@ -357,13 +365,14 @@ class Drill:
             self.data_dir, c.ack, seed=self.report.seed * 100_000 + c.lives,
             ops=100_000 if killing else rng.randint(40, 120), pause=WORKLOAD_PAUSE,
             segment_bytes=SEGMENT_BYTES, env=env, first_op=c.next_op,
-            stdout=subprocess.PIPE, stderr=log, relation=c.base, relations=c.count)
+            stdout=subprocess.PIPE, stderr=log, relation=c.base, relations=c.count,
+            forks=self._forks)
         with self._mu:
             self.report.coordinator_lives += 1
         try:
             if point is None and killing and rng.random() < 0.05:
-                # a kill while it starts: importing, opening the store, recovering the WAL
-                time.sleep(rng.uniform(0.05, 0.8))
+                # a kill while it starts: opening the store, recovering the WAL
+                time.sleep(rng.uniform(0, START_KILL_SPAN))
                 ready = _saw_line(proc, "ready", 0)
                 self._kill_coordinator(proc, "coordinator:random",
                                        "coordinator: appending" if ready
@@ -411,7 +420,7 @@ class Drill:
             if proc.stdout is not None:
                 proc.stdout.close()
 
-    def _kill_coordinator(self, proc: subprocess.Popen[bytes], kind: str, context: str,
+    def _kill_coordinator(self, proc: ChildProcess, kind: str, context: str,
                           c: _Coordinator) -> None:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -590,21 +599,24 @@ class Drill:
     def run(self) -> DrillReport:
         # every process (coordinators, daemons, checks) finds the traces where this records
         Store.open(self.data_dir, fsync="never", trace_url=self.trace_url).close()
-        threads = [threading.Thread(target=self._coordinator_loop, args=(c,),
-                                    name=f"drill-coordinator-{c.index}")
-                   for c in self.coordinators]
-        threads.append(threading.Thread(target=self._daemon_loop, name="drill-daemon"))
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        try:
-            self._finish()
-        except Exception as exc:
-            self.report.violations.append(f"final phase failed: {exc!r}")
-        finally:
-            if self.final_daemon is not None:
-                self.final_daemon.__exit__(None, None, None)
+        # every coordinator life is a child of one fork server that imported the workload
+        # once: a fresh interpreter would spend about 0.3 s of CPU importing per life
+        with ForkServer([WORKLOAD]) as self._forks:
+            threads = [threading.Thread(target=self._coordinator_loop, args=(c,),
+                                        name=f"drill-coordinator-{c.index}")
+                       for c in self.coordinators]
+            threads.append(threading.Thread(target=self._daemon_loop, name="drill-daemon"))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            try:
+                self._finish()
+            except Exception as exc:
+                self.report.violations.append(f"final phase failed: {exc!r}")
+            finally:
+                if self.final_daemon is not None:
+                    self.final_daemon.__exit__(None, None, None)
         for o in (o for c in self.coordinators for o in c.oracles.values()):
             self.report.acknowledged_ops += o.ops - o.resolved_applied
             self.report.in_doubt_applied += o.resolved_applied
@@ -628,7 +640,7 @@ class Drill:
                     self.data_dir, c.ack, seed=self.report.seed, ops=40,
                     pause=WORKLOAD_PAUSE, segment_bytes=SEGMENT_BYTES,
                     first_op=c.next_op, final=True, stdout=subprocess.DEVNULL,
-                    stderr=log, relation=c.base, relations=c.count))
+                    stderr=log, relation=c.base, relations=c.count, forks=self._forks))
         for c, proc in zip(self.coordinators, finals, strict=True):
             code = proc.wait(300)
             if code != 0:
@@ -667,7 +679,7 @@ class Drill:
         self._scan_daemon_log(_read_from(self.daemon_log, offset), "final daemon")
 
 
-def _saw_line(proc: subprocess.Popen[bytes], want: str, timeout: float) -> bool:
+def _saw_line(proc: ChildProcess, want: str, timeout: float) -> bool:
     """Whether the process printed the line ``want`` within ``timeout`` seconds."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout

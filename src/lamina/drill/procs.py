@@ -1,5 +1,7 @@
-"""Run ``lamina serve`` and the drill workload as real subprocesses: start, wait until
-ready, signal, wait. Shared by ``lamina drill`` and the end-to-end tests."""
+"""Run ``lamina serve`` and the drill workload as real processes: start, wait until
+ready, signal, wait. Shared by ``lamina drill`` and the end-to-end tests. The workload
+runs as a fresh interpreter, or as a child of a fork server (:mod:`lamina.forkserver`)
+when the caller starts many."""
 
 from __future__ import annotations
 
@@ -17,7 +19,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from lamina.forkserver import ChildProcess, ForkServer
+
 LAMINA = str(Path(sys.executable).with_name("lamina"))
+#: the drill workload's module, run as ``python -m`` or by a fork server
+WORKLOAD = "lamina.drill.workload"
 
 
 def free_port() -> int:
@@ -142,26 +148,32 @@ def start_workload(data_dir: Path, ack: Path, *, seed: int, ops: int, pause: flo
                    segment_bytes: int = 4096, env: Mapping[str, str] | None = None,
                    quiet: bool = False, first_op: int | None = None, final: bool = False,
                    stdout: Any = None, stderr: Any = None,
-                   relation: str | None = None, relations: int = 1) -> subprocess.Popen[bytes]:
-    """Start the drill workload (lamina.drill.workload) as a subprocess. ``quiet`` sends
-    its output to /dev/null; ``stdout``/``stderr`` (file objects or ``subprocess.PIPE``)
-    override that."""
+                   relation: str | None = None, relations: int = 1,
+                   forks: ForkServer | None = None) -> ChildProcess:
+    """Start the drill workload (lamina.drill.workload) as a process: a child of ``forks``
+    when given (the workload's imports paid once, lamina.forkserver), else a fresh
+    interpreter. ``quiet`` sends its output to /dev/null; ``stdout``/``stderr`` (file
+    objects or ``subprocess.PIPE``) override that."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     out = subprocess.DEVNULL if quiet else None
-    cmd = [sys.executable, "-m", "lamina.drill.workload", str(data_dir), str(ack),
-           "--seed", str(seed), "--ops", str(ops), "--segment-bytes", str(segment_bytes),
-           "--pause", str(pause)]
+    argv = [str(data_dir), str(ack), "--seed", str(seed), "--ops", str(ops),
+            "--segment-bytes", str(segment_bytes), "--pause", str(pause)]
     if first_op is not None:
-        cmd += ["--first-op", str(first_op)]
+        argv += ["--first-op", str(first_op)]
     if final:
-        cmd.append("--final")
+        argv.append("--final")
     if relation is not None:
-        cmd += ["--relation", relation]
+        argv += ["--relation", relation]
     if relations > 1:
-        cmd += ["--relations", str(relations)]
-    return subprocess.Popen(cmd, env=full_env, stdout=out if stdout is None else stdout,
-                            stderr=out if stderr is None else stderr)
+        argv += ["--relations", str(relations)]
+    stdout = out if stdout is None else stdout
+    stderr = out if stderr is None else stderr
+    if forks is not None:
+        return forks.spawn(WORKLOAD + ":main", argv, env=full_env, stdout=stdout,
+                           stderr=stderr)
+    return subprocess.Popen([sys.executable, "-m", WORKLOAD, *argv], env=full_env,
+                            stdout=stdout, stderr=stderr)
 
 
 def _caught_up(rows: list[dict[str, Any]], relation: str, sealed_upper: int) -> bool:

@@ -30,6 +30,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +169,8 @@ def _step(rel: Relation, rng: random.Random, op: int, log: AckLog,
     return op + 1
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m lamina.drill.workload")
     ap.add_argument("data_dir", type=Path)
     ap.add_argument("ack_log", type=Path)
     ap.add_argument("--seed", type=int, default=1)
@@ -182,7 +183,7 @@ def main() -> None:
                     help="write this many relations, <relation>.0 ... (default: one)")
     ap.add_argument("--final", action="store_true",
                     help="end with a seal beyond every time written")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     run(args.data_dir, args.ack_log, seed=args.seed, ops=args.ops,
         segment_bytes=args.segment_bytes, pause=args.pause, first_op=args.first_op,
         final=args.final, relation=args.relation, relations=args.relations)
