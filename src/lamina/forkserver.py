@@ -25,7 +25,9 @@ server's end is the descriptor given by ``--fd``); every message is one JSON obj
 The child calls ``function(argv)`` with ``os.environ`` replaced by the request's
 environment and lamina's fail points read from it again, and leaves with ``os._exit``:
 the function's return value (``None`` is 0), a ``SystemExit``'s code, or 1 after printing
-an exception's traceback to its stderr.
+an exception's traceback to its stderr. ``atexit`` handlers do not run (lamina registers
+none), so a target finishes its work before it returns. The child inherits the server's
+jemalloc and OpenBLAS set-up (below), whatever its own environment says of them.
 
 Invariants:
 
