@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
+from lamina.forkserver import ChildProcess
 from lamina.store import Store
 from lamina.verify import verify_store
 from tests.compacter.backlog import backlog
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 def run_workload(data_dir: Path, ack: Path, *, seed: int, ops: int,
-                 pause: float = 0.0) -> subprocess.Popen[bytes]:
+                 pause: float = 0.0) -> ChildProcess:
     return start_workload(data_dir, ack, seed=seed, ops=ops, pause=pause)
 
 
