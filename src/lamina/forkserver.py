@@ -99,9 +99,12 @@ class ForkServer:
     """A running fork server that has imported ``preload``, and the children it started.
     Thread-safe: several threads may spawn and wait at once."""
 
-    def __init__(self, preload: Sequence[str], *, ready_timeout: float = 120.0) -> None:
+    def __init__(self, preload: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 ready_timeout: float = 120.0) -> None:
+        """Start a server that imports ``preload``, with ``env`` (default: this process's
+        environment) over :data:`SINGLE_THREADED`."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**SINGLE_THREADED, **os.environ}
+        env = {**SINGLE_THREADED, **(os.environ if env is None else env)}
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "lamina.forkserver", "--fd", str(theirs.fileno()),

@@ -12,16 +12,11 @@ counted and listed. Otherwise the process kills itself with SIGKILL right before
 operation number CRASH_AT (a number beyond the step's count is a normal run). A run that
 completes prints ``{"ops": <count>, "log": [...]}`` as JSON on stdout.
 
-Fork server (one process start for many crashes)::
-
-    python crash_child.py --serve STEP
-
-reads lines ``CRASH_AT DATA_DIR`` on stdin; for each it forks a child that runs the step
-as above (its JSON goes to ``DATA_DIR.json``) and answers with one line, the child's raw
-wait status. The server imports everything once and must be single-threaded when it
-forks (pyarrow's jemalloc background thread and numpy's OpenBLAS pool are turned off
-through the environment; the server refuses to fork otherwise), so each crash costs a
-fork instead of an interpreter start.
+Forked (one process start for many crashes): ``crash_child:forked`` is the target of a
+:mod:`lamina.forkserver` server that preloads this module, started with
+:data:`SINGLE_THREAD_ENV` (OpenMP off as well as the server's own two pools, so the count
+of file operations is the same every run). ``forked([STEP, DATA_DIR, CRASH_AT])`` runs the
+step as above and writes its JSON to ``DATA_DIR.json`` instead of stdout.
 
 The repository root must be on PYTHONPATH (for ``tests.trace.helpers``).
 """
@@ -29,9 +24,7 @@ The repository root must be on PYTHONPATH (for ``tests.trace.helpers``).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import traceback
 from pathlib import Path
 
 from lamina.store import Store
@@ -63,37 +56,14 @@ def run(step: str, root: Path, crash_at: int) -> str:
     return json.dumps({"ops": fs.count, "log": [str(op) for op in fs.ops]})
 
 
-def threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def serve(step: str) -> None:
-    if threads() != 1:
-        raise SystemExit(f"fork server has {threads()} threads; forking it would be unsafe "
-                         f"(set {SINGLE_THREAD_ENV})")
-    for line in sys.stdin:
-        crash_at, root = line.split(maxsplit=1)
-        root = root.strip()
-        pid = os.fork()
-        if pid == 0:  # the child: run the step, never return into the server loop
-            code = 0
-            try:
-                Path(f"{root}.json").write_text(run(step, Path(root), int(crash_at)))
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print(status, flush=True)
+def forked(argv: list[str]) -> None:
+    """The fork server's target: the one-shot run, its JSON to ``DATA_DIR.json``."""
+    step, root, crash_at = argv
+    Path(f"{root}.json").write_text(run(step, Path(root), int(crash_at)))
 
 
 def main(argv: list[str]) -> None:
-    if argv[0] == "--serve":
-        serve(argv[1])
-    else:
-        print(run(argv[0], Path(argv[1]), int(argv[2])))
+    print(run(argv[0], Path(argv[1]), int(argv[2])))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ of a cascade of merges, or of garbage collection loses nothing and counts nothin
 For each step a dry run in a child process counts its file operations (N). Then for every
 k in 1..N a child process runs the step on its own copy of the data directory with
 ``CrashingFileSystem(crash_at=k)`` and must die by SIGKILL right before operation k (the
-children are forked by a single-threaded fork server, tests/trace/crash_child.py, so a
-crash costs a fork rather than an interpreter start). The parent then proves, with a
-normal file system:
+children are forked by a fork server, lamina.forkserver, that imported
+tests/trace/crash_child.py, so a crash costs a fork rather than an interpreter start).
+The parent then proves, with a normal file system:
 
 - the newest state loads and passes check_state and check_data, and is either the state
   before the step or one the step published (never anything else);
@@ -31,11 +31,11 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from queue import Queue
 
 import pytest
 
 from lamina.compacter.executors import reference
+from lamina.forkserver import ForkServer
 from lamina.objstore.local import LocalObjectStore
 from lamina.schema import RelationMeta
 from lamina.store import Store
@@ -62,6 +62,7 @@ from tests.trace.helpers import (
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("crash_child.py")
+CHILD_MODULE = "tests.trace.crash_child"  # the same, as the fork server imports it
 WORKERS = 2
 
 pytestmark = pytest.mark.slow
@@ -116,35 +117,6 @@ def _child(step: str, root: Path, crash_at: int) -> subprocess.CompletedProcess[
                           check=False)
 
 
-class ForkServer:
-    """crash_child.py --serve: forks one child per crash; reports its wait status."""
-
-    def __init__(self, step: str, log: Path) -> None:
-        self._stderr = log.open("w")
-        self.log = log
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), "--serve", step], cwd=ROOT,
-                                     env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, bufsize=1)
-
-    def run(self, crash_at: int, root: Path) -> int:
-        """Run the step in a forked child; its exit code (negative: killed by a signal)."""
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(f"{crash_at} {root}\n")
-        answer = self.proc.stdout.readline()
-        assert answer, f"fork server died: {self.log.read_text()}"
-        return os.waitstatus_to_exitcode(int(answer))
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-        self.proc.stdout.close()
-        self._stderr.close()
-        assert self.proc.returncode == 0, self.log.read_text()
-
-
 def _dry_run(base: StepBase, step: str, work: Path) -> list[str]:
     """The step's file operations, counted in a child on a copy of the base."""
     shutil.copytree(base.root, work)
@@ -180,17 +152,17 @@ def check_after_crash(base: StepBase, work: Path, newest: int, what: str) -> Non
         assert StateStore(trace_dir).versions() == [state.version]
 
 
-def _crash_and_check(base: StepBase, step: str, servers: Queue[ForkServer], scratch: Path, *,
+def _crash_and_check(base: StepBase, step: str, server: ForkServer, scratch: Path, *,
                      k: int, log: list[str], newest: int) -> None:
     work = scratch / f"k{k:04d}"
     shutil.copytree(base.root, work)
     what = f"{step}: crash before {log[k - 1]}"
-    server = servers.get()
-    try:
-        code = server.run(k, work)
-    finally:
-        servers.put(server)
-    assert code == -signal.SIGKILL, f"{what}: exit {code}\n{server.log.read_text()}"
+    stderr = scratch / f"k{k:04d}.stderr"
+    with stderr.open("wb") as err:
+        child = server.spawn(f"{CHILD_MODULE}:forked", [step, str(work), str(k)], env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=err)
+    code = child.wait(120)
+    assert code == -signal.SIGKILL, f"{what}: exit {code}\n{stderr.read_text()}"
     check_after_crash(base, work, newest, what)
     shutil.rmtree(work)
 
@@ -223,15 +195,8 @@ def test_crash_between_any_two_file_operations(step: str, scratch: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ops"] == n
 
-    servers: Queue[ForkServer] = Queue()
-    for i in range(WORKERS):
-        servers.put(ForkServer(step, scratch / f"{step}-server-{i}.log"))
-    try:
-        with ThreadPoolExecutor(WORKERS) as pool:
-            futures = [pool.submit(_crash_and_check, base, step, servers, scratch / step, k=k,
-                                   log=log, newest=newest) for k in range(1, n + 1)]
-            for f in futures:
-                f.result()
-    finally:
-        while not servers.empty():
-            servers.get().close()
+    with ForkServer([CHILD_MODULE], env=_env()) as server, ThreadPoolExecutor(WORKERS) as pool:
+        futures = [pool.submit(_crash_and_check, base, step, server, scratch / step, k=k,
+                               log=log, newest=newest) for k in range(1, n + 1)]
+        for f in futures:
+            f.result()
