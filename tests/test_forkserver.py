@@ -162,3 +162,12 @@ def test_close_stops_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     assert child.wait(30) == 0
     forks.close()
     assert forks.proc.returncode == 0
+
+
+def test_the_server_starts_with_the_environment_it_is_given(tmp_path: Path) -> None:
+    (tmp_path / "only_on_that_path.py").write_text("VALUE = 1\n")
+    with pytest.raises(ForkServerError, match="only_on_that_path"):
+        ForkServer(["only_on_that_path"])
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with ForkServer(["only_on_that_path"], env=env) as forks:
+        assert forks.alive()
