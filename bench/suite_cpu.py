@@ -15,7 +15,12 @@ carries it; the xdist workers themselves started before any test and carry none)
 that lives less than a second may be missed, and everything else on the machine is counted
 too: run it on a quiet machine.
 
-Prints CPU seconds by kind and the costliest (test, kind) pairs; ``--json`` writes both.
+The xdist workers' own CPU (the tests that run in-process) carries no test name in /proc;
+the command gets ``LAMINA_TEST_CPU_LOG``, a file to which tests/conftest.py appends each
+test's CPU inside its worker, and the costliest of those are listed too.
+
+Prints CPU seconds by kind, the costliest (test, kind) pairs and the costliest tests inside
+the workers; ``--json`` writes all three.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,6 +89,17 @@ def sample(seen: dict[tuple[str, str], list[object]]) -> None:
             seen[key] = [ticks, kind_of(argv), _test_of(pid)]
 
 
+def in_worker_cpu(lines: str) -> list[tuple[str, float]]:
+    """CPU seconds by test from the JSON lines tests/conftest.py appends to
+    ``LAMINA_TEST_CPU_LOG`` (a test run twice, as by a rerun, adds up), costliest first."""
+    by_test: dict[str, float] = collections.defaultdict(float)
+    for line in lines.splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            by_test[str(entry["test"])] += float(entry["cpu"])
+    return sorted(by_test.items(), key=lambda kv: -kv[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.suite_cpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -96,11 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     sample(seen)
     before = {k: int(str(v[0])) for k, v in seen.items()}  # what ran before the command
     started = time.monotonic()
-    proc = subprocess.Popen(command)
-    while proc.poll() is None:
+    with tempfile.TemporaryDirectory(prefix="suite-cpu-") as tmp:
+        log = Path(tmp) / "tests.jsonl"
+        log.touch()
+        proc = subprocess.Popen(command, env={**os.environ, "LAMINA_TEST_CPU_LOG": str(log)})
+        while proc.poll() is None:
+            sample(seen)
+            time.sleep(1.0)
         sample(seen)
-        time.sleep(1.0)
-    sample(seen)
+        in_workers = in_worker_cpu(log.read_text(encoding="utf-8"))
     by_kind: dict[str, float] = collections.defaultdict(float)
     by_pair: dict[tuple[str, str], float] = collections.defaultdict(float)
     for key, (ticks, kind, test) in seen.items():
@@ -117,10 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for (test, kind), seconds in pairs[:args.top]:
         print(f"{seconds:9.1f}  {kind:<24} {test}")
+    print(f"\n{sum(s for _, s in in_workers):.0f} CPU seconds of tests inside the xdist workers")
+    for test, seconds in in_workers[:args.top]:
+        print(f"{seconds:9.1f}  {test}")
     if args.json is not None:
         args.json.write_text(json.dumps({
             "command": command, "wall_seconds": wall, "cpu_seconds": total,
-            "by_kind": kinds, "by_test_and_kind": [[t, k, s] for (t, k), s in pairs]},
+            "by_kind": kinds, "by_test_and_kind": [[t, k, s] for (t, k), s in pairs],
+            "in_workers_by_test": in_workers},
             indent=1) + "\n")
     return proc.returncode
 

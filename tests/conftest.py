@@ -84,6 +84,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = interleaved
 
 
+#: set by ``python -m bench.suite_cpu``: each test's CPU inside its xdist worker (setup,
+#: call and teardown; every thread of the worker, no child process) is appended there as a
+#: JSON line, since a worker's own CPU cannot be told apart by test from /proc
+CPU_LOG = os.environ.get("LAMINA_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if CPU_LOG is None:
+        yield
+        return
+    import json
+
+    before = os.times()
+    yield
+    after = os.times()
+    cpu = (after.user - before.user) + (after.system - before.system)
+    with open(CPU_LOG, "a", encoding="utf-8") as log:  # one short line: one write
+        log.write(json.dumps({"test": item.nodeid, "cpu": round(cpu, 3)}) + "\n")
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "lamina-data"
