@@ -41,8 +41,9 @@ def test_wait_caught_up_does_not_trust_a_poll_from_before_the_segment_finished(
     before the fix, it returned at once and a test then found the segment unconverted)."""
     data = tmp_path / "data"
     _write(data, 0, 10).close()
-    with DaemonProcess(data, tmp_path / "daemon.log",
-                       extra_env={"LAMINA_POLL_INTERVAL": "3"}) as daemon:
+    with DaemonProcess(data, tmp_path / "daemon.log",  # the poll matters, not Spark
+                       extra_env={"LAMINA_POLL_INTERVAL": "3",
+                                  "LAMINA_EXECUTOR": "inprocess"}) as daemon:
         daemon.wait_ready()
         daemon.wait_caught_up("r", 10)
         store = _write(data, 10, 20)
