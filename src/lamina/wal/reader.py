@@ -23,11 +23,9 @@ from lamina.errors import CorruptionError
 from lamina.wal.record import (
     HEADER_SIZE,
     BadFrame,
-    Record,
     RecordType,
     corrupt,
     decode_updates,
-    find_valid_frame,
     frame_headers,
     read_frame,
 )
@@ -38,6 +36,7 @@ from lamina.wal.segment import (
     list_segments,
     read_frontiers,
     read_past_seal_races,
+    read_records,
     scan_file,
 )
 
@@ -118,20 +117,10 @@ def appended_updates(seg: SegmentFile, schema: pa.Schema,
             return f.read()
 
     def parse(data: bytes) -> tuple[list[pa.Table], int]:
-        buf = memoryview(data)
         scan = Scan(path=seg.path, seq=seg.seq, relation="")
-        offset = 0
-        while offset < len(buf):
-            rec = read_frame(buf, offset)
-            if isinstance(rec, BadFrame):
-                nxt = find_valid_frame(buf, offset + 1)
-                if nxt is not None:
-                    raise corrupt(seg.path, start + offset, f"{rec.reason}, followed by a "
-                                                            f"valid record at byte {start + nxt}")
-                break
-            scan.records.append(Record(start + offset, rec.rtype, rec.payload))
-            offset = rec.end
-        return list(updates_of(scan, schema)), start + offset
+        end, _torn = read_records(memoryview(data), 0, seg.path, finished=False,
+                                  each=scan.records.append, base=start)
+        return list(updates_of(scan, schema)), end
 
     return read_past_seal_races(read, parse, finished=seg.finished, start=start)
 

@@ -178,28 +178,47 @@ def scan_buffer(buf: memoryview, path: Path, *, finished: bool, relation: str | 
     if seq is not None and hseq != seq:
         raise corrupt(path, 0, f"segment header has sequence {hseq}, file name says {seq}")
     scan = Scan(path=path, seq=hseq, relation=rel, version=version, valid_end=offset)
-    while offset < len(buf):
-        rec = read_frame(buf, offset)
-        if isinstance(rec, BadFrame):
-            if finished:
-                raise corrupt(path, offset, f"{rec.reason} in a finished segment")
-            nxt = find_valid_frame(buf, offset + 1)
-            if nxt is not None:
-                raise corrupt(path, offset, f"{rec.reason}, followed by a valid record at "
-                                            f"byte {nxt}")
-            scan.torn_at, scan.torn_reason = offset, rec.reason
-            break
+
+    def take(rec: Record) -> None:
         _apply(scan, rec)
         scan.records.append(rec)
-        offset = rec.end
-        scan.valid_end = offset
+
+    scan.valid_end, scan.torn_reason = read_records(buf, offset, path, finished=finished,
+                                                    each=take)
+    if scan.torn_reason:
+        scan.torn_at = scan.valid_end
     if not scan.records:
         if finished:
-            raise corrupt(path, offset, "finished segment holds no records")
+            raise corrupt(path, scan.valid_end, "finished segment holds no records")
     elif finished and not scan.finished_shape:
         raise corrupt(path, scan.valid_end, "finished segment does not end with a progress "
                                             "record")
     return scan
+
+
+def read_records(buf: memoryview, offset: int, path: Path, *, finished: bool,
+                 each: Callable[[Record], None], base: int = 0) -> tuple[int, str]:
+    """Pass each valid record of ``buf`` from ``offset`` on to ``each``, in order, by the
+    scanning rules above, and return ``(end, torn_reason)``: where the valid records end,
+    and why the bytes from there on are a torn tail ("" when the records reach the end of
+    ``buf``). A bad frame raises CorruptionError in a finished segment, and in the open one
+    when a valid frame follows it. ``base`` is the file offset of ``buf[0]`` (a read from
+    the middle of a file): the records, the end and the errors name offsets in the file.
+    ``each`` sees a record before the next one is read, so the first damage in the file
+    is the one reported (:func:`scan_buffer` checks frontiers there)."""
+    while offset < len(buf):
+        rec = read_frame(buf, offset)
+        if isinstance(rec, BadFrame):
+            if finished:
+                raise corrupt(path, base + offset, f"{rec.reason} in a finished segment")
+            nxt = find_valid_frame(buf, offset + 1)
+            if nxt is not None:
+                raise corrupt(path, base + offset, f"{rec.reason}, followed by a valid record "
+                                                   f"at byte {base + nxt}")
+            return base + offset, rec.reason
+        each(rec if base == 0 else Record(base + offset, rec.rtype, rec.payload))
+        offset = rec.end
+    return base + offset, ""
 
 
 def _apply(scan: Scan, rec: Record, *, first: bool | None = None) -> None:
