@@ -54,16 +54,19 @@ def _run_and_kill(server: ForkServer, root: Path, first_id: int, seed: int,
     child = server.spawn(f"{CHILD}:forked", [str(root), str(first_id), str(seed)],
                          stdout=subprocess.PIPE)
     assert child.stdout is not None
-    with child.stdout:
-        ready = child.stdout.readline()
-        assert ready == b"ready\n", f"child did not start: {ready!r}"
-        first = child.stdout.readline()
-        assert first.endswith(b"\n"), f"child died before its first append: {first!r}"
-        time.sleep(delay)
-        child.send_signal(signal.SIGKILL)
-        code = child.wait(timeout=30)
-        assert code == -signal.SIGKILL, f"the child stopped on its own ({code})"
-        rest = child.stdout.read().decode()
+    try:
+        with child.stdout:
+            ready = child.stdout.readline()
+            assert ready == b"ready\n", f"child did not start: {ready!r}"
+            first = child.stdout.readline()
+            assert first.endswith(b"\n"), f"child died before its first append: {first!r}"
+            time.sleep(delay)
+            child.send_signal(signal.SIGKILL)
+            code = child.wait(timeout=30)
+            assert code == -signal.SIGKILL, f"the child stopped on its own ({code})"
+            rest = child.stdout.read().decode()
+    finally:
+        child.kill()  # a failed check above must not leave it appending (a no-op if reaped)
     lines = [first.decode().strip(), *rest.split("\n")[:-1]]  # the last piece may be partial
     return {int(line) for line in lines}
 
