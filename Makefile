@@ -8,6 +8,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+# Bytecode is cached, whatever the environment says. Where PYTHONDONTWRITEBYTECODE is set
+# (this project's CI image sets it), every process of a test run (the xdist workers, each
+# daemon, Spark's Python workers) compiled lamina, the tests and what they import from
+# source again; and the install skips compiling the 11,000 modules of the dependencies
+# (61 s of a 109 s install), which are then compiled once, when first imported.
+# docs/reliability.md, "The test suite's time", has the measurements.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: run test check lint typecheck pytest bench java clean
 
 $(STAMP): pyproject.toml
@@ -15,7 +23,7 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# dev includes every extra (compacter, ingest, postgres, s3: pyproject.toml) and the tools
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 java:
@@ -50,7 +58,7 @@ test: $(STAMP) java
 	$(MAKE) --no-print-directory pytest
 
 bench: $(STAMP) java
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet --no-compile -e '.[dev,bench]'
 	$(BIN)/python -m bench.run
 
 clean:
