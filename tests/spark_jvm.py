@@ -4,8 +4,8 @@ On 2 cores the suite is CPU-bound from its first test to its last, and its JVMs 
 worker's shared session, every ``lamina serve`` and ``lamina drill`` daemon, a standalone
 cluster's master, worker and executors) took about a third of its CPU, most of it in JVMs
 that live seconds to minutes: compiling and loading classes, not running jobs. Three JVM
-options take some of that out, for the test run only (production daemons keep the JVM's
-defaults; a long-lived daemon earns back what they save):
+options take some of that out (the product's daemon runs with the first one too,
+``lamina.compacter.spark.DAEMON_JAVA_OPTIONS``; the tests' options come after it):
 
 - ``-XX:TieredStopAtLevel=1``: C1 only, no C2 compiler warming up. A driver started as the
   daemon starts it, with 3 small jobs: 20.7 s of JVM CPU, 12.6 s with it (40 jobs: 36.3 s,

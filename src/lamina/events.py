@@ -34,6 +34,8 @@ _D, _P, _X, _H, _S = ("compacter.daemon", "compacter.pipeline", "compacter.execu
 EVENTS: tuple[Event, ...] = (
     Event("daemon.starting", "info", _D, "start-up began (data directory, executor, master)"),
     Event("daemon.trace", "info", _D, "the trace location was checked (`url`)"),
+    Event("spark.started", "info", _D, "the daemon's Spark session is up (`java_options`: "
+          "what its driver's JVM was started with)"),
     Event("daemon.executor", "info", _D, "the Spark executor is ready (`stage_segments`, "
           "`pack_max_steps`, `pack_max_bytes`, `scratch_compression`)"),
     Event("daemon.ready", "info", _D, "every relation recovered (`duration_seconds`: the "

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from lamina.compacter.spark import DAEMON_JAVA_OPTIONS
 from lamina.drill.oracle import Oracle
 from lamina.drill.procs import DaemonProcess, start_workload
 from lamina.forkserver import ChildProcess
 from lamina.store import Store
 from lamina.verify import verify_store
+from tests import spark_jvm
 from tests.compacter.backlog import backlog
 from tests.compacter.scrape import metric, wait_some_work
 
@@ -45,12 +47,26 @@ def check_against_oracle(data_dir: Path, ack: Path) -> Oracle:
     return oracle
 
 
+def check_java_options(log: Path) -> None:
+    """The daemon's driver JVM got the daemon's options (``spark.driver.defaultJavaOptions``)
+    and, after them, the test run's (``extraJavaOptions``, tests/spark_jvm.py), as its
+    ``spark.started`` event reports."""
+    started = [json.loads(line) for line in log.read_text().splitlines()
+               if line.startswith("{") and '"spark.started"' in line]
+    assert len(started) == 1, log.read_text()[-3000:]
+    options = started[0]["java_options"]
+    for flag in DAEMON_JAVA_OPTIONS.split():
+        assert options.count(flag) == 1 + spark_jvm.FLAGS.count(flag), options
+        assert options.index(flag) < options.index(spark_jvm.SERIAL), options
+
+
 def test_daemon_compacts_a_live_workload(tmp_path: Path) -> None:
     """While the coordinator writes, the daemon converts and merges; at the end every
     snapshot equals the oracle, the WAL backlog is gone and the trace is merged."""
     data, ack = tmp_path / "data", tmp_path / "ack.jsonl"
     with DaemonProcess(data, tmp_path / "daemon.log") as daemon:
         daemon.wait_ready()
+        check_java_options(tmp_path / "daemon.log")
         wl = run_workload(data, ack, seed=1, ops=400, pause=0.005)
         assert wl.wait(120) == 0
         oracle = Oracle.load(ack)

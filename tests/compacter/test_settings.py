@@ -74,3 +74,25 @@ def test_scratch_compression_reaches_the_conversions(tmp_path: Path) -> None:
         executor = daemon._spark_executor()  # builds no JVM: the session is only stored
         assert isinstance(executor, SparkExecutor)
         assert executor.tuning.run_compression == want
+
+
+def test_the_daemons_session_runs_c1_only_unless_the_operator_says_otherwise(
+        tmp_path: Path) -> None:
+    """The daemon's JVM options are defaults (``spark.driver.defaultJavaOptions``, before
+    any ``extraJavaOptions``); the operator's ``spark_conf`` wins over every key."""
+    from lamina.compacter.daemon import Daemon
+    from lamina.compacter.spark import DAEMON_JAVA_OPTIONS
+
+    conf = Daemon(load_settings(env={"LAMINA_DATA_DIR": str(tmp_path),
+                                     "LAMINA_SPARK_DRIVER_MEMORY": "700m"})).session_conf()
+    assert conf["spark.driver.defaultJavaOptions"] == DAEMON_JAVA_OPTIONS
+    assert conf["spark.executor.defaultJavaOptions"] == DAEMON_JAVA_OPTIONS
+    assert "-XX:TieredStopAtLevel=1" in DAEMON_JAVA_OPTIONS.split()
+    assert conf["spark.driver.memory"] == "700m"
+    config = tmp_path / "lamina.toml"  # how an operator sets spark_conf
+    config.write_text('[lamina.spark_conf]\n"spark.driver.defaultJavaOptions" = ""\n'
+                      '"spark.driver.memory" = "900m"\n')
+    conf = Daemon(load_settings(config, env={"LAMINA_DATA_DIR": str(tmp_path)})).session_conf()
+    assert conf["spark.driver.defaultJavaOptions"] == ""
+    assert conf["spark.driver.memory"] == "900m"
+    assert conf["spark.executor.defaultJavaOptions"] == DAEMON_JAVA_OPTIONS

@@ -248,12 +248,22 @@ class Daemon:
         log.info("daemon.trace", url=url)
 
     def _build_spark(self) -> Any:
-        from lamina.compacter.spark import build_session
+        from lamina.compacter.spark import build_session, java_options
 
-        conf = {"spark.driver.memory": self.settings.spark_driver_memory,
+        session = build_session(self.settings.spark_master, app_name="lamina-compacter",
+                                conf=self.session_conf())
+        log.info("spark.started", java_options=java_options(session))
+        return session
+
+    def session_conf(self) -> dict[str, str]:
+        """The configuration of the daemon's session: the daemon's JVM options
+        (:data:`lamina.compacter.spark.DAEMON_JAVA_OPTIONS`), the driver memory and S3
+        credentials of the settings, then the operator's ``spark_conf``, which wins."""
+        from lamina.compacter.spark import daemon_conf
+
+        return {**daemon_conf(), "spark.driver.memory": self.settings.spark_driver_memory,
                 **_credentials_env(self.settings.s3.to_settings()),
                 **self.settings.spark_conf}
-        return build_session(self.settings.spark_master, app_name="lamina-compacter", conf=conf)
 
     def _request_stop(self, sig: signal.Signals) -> None:
         """The first signal stops taking work; a second one cancels every job now."""

@@ -22,6 +22,9 @@ Session (:func:`build_session`)
     - ``spark.driver.memory`` from the ``driver_memory`` argument (it only takes effect
       when this call starts the JVM, i.e. the first session of the process).
 
+    The daemon adds :func:`daemon_conf` (its JVMs compile with C1 only:
+    :data:`DAEMON_JAVA_OPTIONS`) before the operator's ``spark_conf``.
+
 Tagged actions (:class:`JobTags`)
     The daemon runs each step's blocking Spark calls in a worker thread (never on the event
     loop) under a per-relation tag. PySpark's default *pinned thread mode* gives every
@@ -60,6 +63,41 @@ log = structlog.get_logger(__name__)
 DEFAULT_APP_NAME = "lamina-compacter"
 DEFAULT_DRIVER_MEMORY = "2g"
 DEFAULT_LOG_LEVEL = "ERROR"
+
+
+DAEMON_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""JVM options of the daemon's driver and of a cluster's executors (``spark.driver`` and
+``spark.executor.defaultJavaOptions``, :func:`daemon_conf`): C1 only, no C2 compiler.
+
+The daemon's JVM schedules jobs of Python tasks and passes them a few rows of metadata;
+no data goes through it, so C2's optimized code barely pays, while compiling it costs CPU
+for as long as the daemon runs new code paths. Measured on 2 cores, a fresh ``local[*]``
+session as the daemon builds it, then 250 jobs of 32 tasks through the steps' own job
+runner (``step.driver._run_tasks``; JVM CPU from ``/proc``, two runs each, alternating,
+2026-11-29): the session's start 20.9 and 21.3 s of JVM CPU with the JVM's default
+compilers, 12.1 and 10.9 s with C1 only; jobs 50 to 250, 0.325 and 0.292 s of JVM CPU a
+job against 0.254 and 0.228 s, and 0.27 and 0.23 s of wall time a job against 0.24 and
+0.20 s. The daemon of the peers benchmark's ``10m-churn`` cell used 18.5 to 20.6 s of CPU
+instead of 23.5 to 25.9 s (docs/performance.md, "The daemon's JVM: C1 only"). They are defaults:
+``spark.driver.extraJavaOptions`` of the operator's ``spark_conf`` (or ``spark-defaults``)
+come after them and win; ``spark.driver.defaultJavaOptions`` in ``spark_conf`` replaces
+them. Sessions other than the daemon's (readers, benchmarks) keep the JVM's defaults."""
+
+
+def daemon_conf() -> dict[str, str]:
+    """The Spark configuration the daemon sets before the operator's ``spark_conf``."""
+    return {"spark.driver.defaultJavaOptions": DAEMON_JAVA_OPTIONS,
+            "spark.executor.defaultJavaOptions": DAEMON_JAVA_OPTIONS}
+
+
+def java_options(session: Any) -> list[str]:
+    """The options the driver's JVM was started with (what an operator wants to see in the
+    log when they tune it); empty if the JVM cannot be asked."""
+    try:
+        bean = session.sparkContext._jvm.java.lang.management.ManagementFactory
+        return [str(a) for a in bean.getRuntimeMXBean().getInputArguments()]
+    except Exception:  # py4j: the JVM is gone
+        return []
 
 
 def _cores() -> int:
