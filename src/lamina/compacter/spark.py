@@ -81,7 +81,9 @@ job against 0.254 and 0.228 s, and 0.27 and 0.23 s of wall time a job against 0.
 instead of 23.5 to 25.9 s (docs/performance.md, "The daemon's JVM: C1 only"). They are defaults:
 ``spark.driver.extraJavaOptions`` of the operator's ``spark_conf`` (or ``spark-defaults``)
 come after them and win; ``spark.driver.defaultJavaOptions`` in ``spark_conf`` replaces
-them. Sessions other than the daemon's (readers, benchmarks) keep the JVM's defaults."""
+them. A standalone cluster's executors get the same options for the same reason (they
+run the Python tasks and carry no data either); they were not measured apart. Sessions
+other than the daemon's (readers, benchmarks) keep the JVM's defaults."""
 
 
 def daemon_conf() -> dict[str, str]:
