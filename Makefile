@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 # Bytecode is cached, whatever the environment says. Where PYTHONDONTWRITEBYTECODE is set
-# (this project's CI image sets it), every process of a test run (the xdist workers, each
+# (this machine's environment does, and CI runs on one like it), every process of a test run (the xdist workers, each
 # daemon, Spark's Python workers) compiled lamina, the tests and what they import from
 # source again; and the install skips compiling the 11,000 modules of the dependencies
 # (61 s of a 109 s install), which are then compiled once, when first imported.
