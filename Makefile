@@ -9,10 +9,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 # Bytecode is cached, whatever the environment says. Where PYTHONDONTWRITEBYTECODE is set
-# (this machine's environment does, and CI runs on one like it), every process of a test run (the xdist workers, each
-# daemon, Spark's Python workers) compiled lamina, the tests and what they import from
-# source again; and the install skips compiling the 11,000 modules of the dependencies
-# (61 s of a 109 s install), which are then compiled once, when first imported.
+# (this machine's environment does, and CI runs on one like it), every process of a test
+# run (the xdist workers, each daemon, Spark's Python workers) compiled lamina, the tests
+# and what they import from source again; and the install skips compiling the 11,000
+# modules of the dependencies (61 s of a 109 s install), which are then compiled once,
+# when first imported.
 # docs/reliability.md, "The test suite's time", has the measurements.
 unexport PYTHONDONTWRITEBYTECODE
 
