@@ -13,6 +13,7 @@ import pytest
 from lamina.errors import SourceStalledError, SourceTransientError
 from lamina.ingest.postgres import PostgresSource
 from lamina.ingest.postgres.pgoutput import parse_lsn
+from lamina.ingest.postgres.slot import wait_inactive
 from lamina.ingest.source import Source, Transaction
 from tests.ingest.postgres.helpers import Collector, arrow, check_uppers
 from tests.ingest.postgres.server import PgServer
@@ -122,6 +123,10 @@ def test_lost_slot_is_definite(items: PgServer, src: PostgresSource) -> None:
     src.open(None)
     Collector(src).poll_until(lambda c: c.upper > 0)
     src.close()
+    # the walsender lets the slot go a moment after its connection closed (under load, a
+    # drop right away found it still active)
+    with items.connect() as conn:
+        wait_inactive(conn, "lamina_shop", source="shop", wait_seconds=30)
     items.execute("SELECT pg_drop_replication_slot('lamina_shop')")
     with pytest.raises(SourceStalledError, match="slot 'lamina_shop' does not exist"):
         src.open(1)
