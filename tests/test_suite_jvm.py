@@ -15,12 +15,8 @@ from typing import Any
 
 import pytest
 
+from lamina.compacter.spark import java_options
 from tests import spark_jvm
-
-
-def jvm_arguments(spark: Any) -> list[str]:
-    bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
-    return [str(a) for a in bean.getInputArguments()]
 
 
 def test_the_environment_is_the_suites() -> None:
@@ -77,7 +73,7 @@ def test_a_driver_at_the_minimum_heap_can_have_g1() -> None:
 
 @pytest.mark.spark
 def test_the_shared_session_runs_with_the_suites_jvm_options(spark: Any) -> None:
-    args = jvm_arguments(spark)
+    args = java_options(spark)
     for flag in (*spark_jvm.FLAGS, spark_jvm.SERIAL):
         assert flag in args, args
     bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory
