@@ -21,12 +21,13 @@ interleaved:
   ``write.partitionBy("future").parquet`` (zstd), in a session with lamina's settings.
 
 Every time includes reading the segments. lamina's scratch runs use the daemon's
-``scratch_compression`` as ``LAMINA_SCRATCH_COMPRESSION`` gives it (default ``lz4``),
-recorded in the result. Reported: median seconds, updates/s and the
-ratios of lamina's throughput to each baseline's (targets: >= 0.5x DuckDB, >= 3x naive),
-peak RSS by process role during the measured runs (:class:`bench.procs.MemorySampler`), and
-with ``--verify`` a check that lamina's batch and pending buckets equal the reference
-executor's. Writes bench/results/convert.json and convert.png.
+``scratch_compression`` as ``LAMINA_SCRATCH_COMPRESSION`` gives it (default ``auto``),
+recorded in the result with the codec it comes to on this disk (``scratch_codec``).
+Reported: median seconds, updates/s and the ratios of lamina's throughput to each
+baseline's (targets: >= 0.5x DuckDB, >= 3x naive), peak RSS by process role during the
+measured runs (:class:`bench.procs.MemorySampler`), and with ``--verify`` a check that
+lamina's batch and pending buckets equal the reference executor's. Writes
+bench/results/convert.json and convert.png.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ TARGETS = {"duckdb": 0.5, "naive": 3.0}
 
 def tuning() -> Any:
     """The daemon's tuning of a conversion, ``scratch_compression`` taken from
-    ``LAMINA_SCRATCH_COMPRESSION`` as the daemon takes it (default ``lz4``), so that
-    ``LAMINA_SCRATCH_COMPRESSION=none python -m bench.convert`` measures that setting."""
+    ``LAMINA_SCRATCH_COMPRESSION`` as the daemon takes it (default ``auto``), so that
+    ``LAMINA_SCRATCH_COMPRESSION=lz4 python -m bench.convert`` measures that setting."""
     from lamina.compacter.step.work import JobTuning
 
     return JobTuning(run_compression=scratch_compression())
@@ -66,7 +67,7 @@ def tuning() -> Any:
 
 def scratch_compression() -> Any:
     """The daemon's ``scratch_compression`` as ``LAMINA_SCRATCH_COMPRESSION`` gives it
-    (default ``lz4``), read by the daemon's own settings (a bad value is refused naming
+    (default ``auto``), read by the daemon's own settings (a bad value is refused naming
     the key)."""
     from lamina.compacter.settings import load_settings
 
@@ -74,6 +75,15 @@ def scratch_compression() -> Any:
     return load_settings(env={key: os.environ[key]} if key in os.environ else {}
                          ).scratch_compression
 
+
+
+def scratch_codec(inp: Input) -> str:
+    """The codec the setting comes to for this input on this disk (``auto`` resolved as
+    the driver resolves it: :func:`lamina.compacter.step.runs.run_codec`)."""
+    from lamina.compacter.step.runs import run_codec
+
+    return run_codec(scratch_compression(), sum(s.decoded_bytes for s in inp.spans()),
+                     LocalObjectStore(CACHE).free_bytes(""))
 
 def decode(inp: Input, spans: list[SegmentSpan]) -> pa.Table:
     """Every update of the segments, through lamina's reader (checksums verified)."""
@@ -249,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "input": {"updates": inp.updates, "keys": inp.keys, "wal_bytes": inp.wal_bytes(),
                   "segments": len(inp.spans())},
         "plan_seconds": round(plan_seconds(inp), 3),
-        "scratch_compression": scratch_compression()}
+        "scratch_compression": scratch_compression(), "scratch_codec": scratch_codec(inp)}
     child = ["--scale", str(args.scale), "--master", args.master]
     contenders = {c: ["--child", c, *child] for c in args.contenders.split(",")}
     doc.update(compare(NAME, "bench.convert", scale=args.scale, rounds=args.rounds,

@@ -76,6 +76,10 @@ EVENTS: tuple[Event, ...] = (
           "(`segments`, `wal_bytes`)"),
     Event("conversion.committed", "info", _P, "its batch was published (`rows_in`, "
           "`rows_out`, `duration_seconds`, from submit to commit)"),
+    Event("step.scratch", "info", "compacter.step.driver", "a large conversion or merge "
+          "(two Spark jobs) chose the codec of its scratch runs under `scratch_compression = "
+          "\"auto\"` (`scratch_compression`: none or lz4, `input_bytes` decoded, `free_bytes` "
+          "on the trace's filesystem)"),
     Event("merge.started", "info", _P, "a merge was submitted (`left`, `right`, "
           "`batch_level`)"),
     Event("merge.committed", "info", _P, "its batch was published (`batch_level_out`)"),

@@ -59,16 +59,17 @@ def test_keep_versions_seconds_from_the_environment() -> None:
 
 
 def test_scratch_compression_reaches_the_conversions(tmp_path: Path) -> None:
-    """``scratch_compression`` (lz4 by default, zstd or none from the environment, anything
-    else refused naming the key) is the codec the Spark executor's steps write their runs
-    with."""
+    """``scratch_compression`` (auto by default; lz4, zstd or none from the environment,
+    anything else refused naming the key) is what the Spark executor's steps write their
+    runs with (``auto`` resolved per step: tests/compacter/test_step.py)."""
     from lamina.compacter.daemon import Daemon
     from lamina.compacter.executors.spark import SparkExecutor
 
-    assert load_settings(env={}).scratch_compression == "lz4"
+    assert load_settings(env={}).scratch_compression == "auto"
     with pytest.raises(ConfigError, match="scratch_compression"):
         load_settings(env={"LAMINA_SCRATCH_COMPRESSION": "gzip"})
-    for env, want in (({}, "lz4"), ({"LAMINA_SCRATCH_COMPRESSION": "zstd"}, "zstd"),
+    for env, want in (({}, "auto"), ({"LAMINA_SCRATCH_COMPRESSION": "lz4"}, "lz4"),
+                      ({"LAMINA_SCRATCH_COMPRESSION": "zstd"}, "zstd"),
                       ({"LAMINA_SCRATCH_COMPRESSION": "none"}, "none")):
         daemon = Daemon(load_settings(env={"LAMINA_DATA_DIR": str(tmp_path), **env}))
         executor = daemon._spark_executor()  # builds no JVM: the session is only stored

@@ -33,7 +33,13 @@ from lamina.compacter.step.driver import (
     spark_convert,
     spark_merge,
 )
-from lamina.compacter.step.runs import RunCompression, read_run, write_run
+from lamina.compacter.step.runs import (
+    AUTO_ROOM,
+    RunCompression,
+    read_run,
+    run_codec,
+    write_run,
+)
 from lamina.compacter.step.work import JobTuning, WalRange, pack
 from lamina.consolidate import INT64_MAX, consolidate, sort
 from lamina.errors import CorruptionError, JobError
@@ -340,6 +346,44 @@ def test_conversions_and_merge_match_reference(
     trace.commit_merge(mplan, got)
 
 
+
+def test_auto_scratch_codec_compresses_only_where_room_is_short() -> None:
+    """``auto`` writes a step's runs uncompressed only where the store has AUTO_ROOM times
+    the step's decoded input free, LZ4 where it has less or cannot tell (S3); a chosen
+    codec is taken as it is."""
+    gib = 1 << 30
+    assert run_codec("auto", gib, AUTO_ROOM * gib) == "none"
+    assert run_codec("auto", gib, AUTO_ROOM * gib - 1) == "lz4"
+    assert run_codec("auto", gib, None) == "lz4"
+    assert run_codec("auto", 0, 0) == "none"
+    for codec in ("lz4", "zstd", "none"):
+        assert run_codec(codec, gib, None) == codec
+        assert run_codec(codec, 1, 100 * gib) == codec
+
+
+@pytest.mark.spark
+def test_a_large_step_on_a_roomy_disk_writes_its_runs_uncompressed(sp: Any, tmp_path: Path
+                                                                   ) -> None:
+    """Under the default ``auto`` a two-job conversion on a local trace (this machine's disk
+    has far more than AUTO_ROOM times the input free) writes its runs uncompressed, says
+    so in a ``step.scratch`` event, and converts to exactly the reference's rows."""
+    from structlog.testing import capture_logs
+
+    w = open_workload(tmp_path / "d", INT_KEY, ["id"])
+    drive(w, random.Random(29), steps=12, rows_per_step=40, keys=25, future=0.25)
+    trace = w.trace()
+    assert SPLIT.run_compression == "auto"
+    with capture_logs() as logs:
+        _convert_both(sp, w, trace, spans(trace, w.wal_dir), name="ref", tuning=SPLIT)
+    chosen = [e for e in logs if e["event"] == "step.scratch"]
+    assert len(chosen) == 1, logs
+    assert chosen[0]["scratch_compression"] == "none"
+    assert chosen[0]["free_bytes"] >= AUTO_ROOM * chosen[0]["input_bytes"] > 0
+    with capture_logs() as logs:  # a chosen codec is not a choice to log
+        _convert_both(sp, w, trace, spans(trace, w.wal_dir), name="ref-lz4",
+                      tuning=dataclasses.replace(SPLIT, run_compression="lz4"))
+    assert not [e for e in logs if e["event"] == "step.scratch"]
+
 @pytest.mark.spark
 def test_compressed_segments_match_reference(sp: Any, tmp_path: Path) -> None:
     """Segments of LZ4- and ZSTD-compressed update records, and uncompressed ones, in one
@@ -370,14 +414,20 @@ def test_an_s3_trace_with_staged_segments_matches_reference(
         ) -> None:
     """The trace on S3 and the WAL read from staged copies (a cluster with no shared
     directory): the tasks write parts, runs and pending parts as objects, and the result
-    is exactly the reference's; the staged copies go when the converted segments do."""
+    is exactly the reference's (the runs LZ4: a bucket has no free bytes to tell); the
+    staged copies go when the converted segments do."""
+    from structlog.testing import capture_logs
+
     rng = random.Random(17)
     w = open_workload(tmp_path / "d", STR_KEY, ["name"], trace_url=f"s3://{s3_bucket}/t")
     drive(w, rng, steps=20, rows_per_step=40, keys=25, future=0.25)
     trace = w.trace()
     assert trace.store.url == f"s3://{s3_bucket}/t/rel"
     segs = spans(trace, w.wal_dir)
-    plan, got = _convert_both(sp, w, trace, segs, name="ref", tuning=tuning, stage=True)
+    with capture_logs() as logs:
+        plan, got = _convert_both(sp, w, trace, segs, name="ref", tuning=tuning, stage=True)
+    chosen = [e["scratch_compression"] for e in logs if e["event"] == "step.scratch"]
+    assert chosen == (["lz4"] if tuning is SPLIT else []), "auto on S3: LZ4 runs"
     staged = {o.key for o in trace.store.list("staging")}
     assert staged == {f"staging/{s.seq:020d}.wal" for s in segs}
     assert not trace.store.list(f"batches/{plan.batch_id}.scratch"), "scratch runs left"

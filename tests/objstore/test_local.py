@@ -104,3 +104,19 @@ def test_local_urls(tmp_path: Path) -> None:
             open_store(bad)
     with pytest.raises(ConfigError):
         LocalObjectStore(Path("relative"), FileSystem())
+
+
+def test_free_bytes_is_the_room_on_the_keys_filesystem(tmp_path: Path) -> None:
+    """``free_bytes`` answers for a key whose directories do not exist yet (a step's scratch
+    runs) from the nearest directory that does: the free space of the filesystem, as
+    ``statvfs`` gives it to an unprivileged process (other tests write beside this one,
+    hence the slack)."""
+    import shutil
+
+    store = LocalObjectStore(tmp_path / "root")
+    store.put("a/b", b"x")
+    for key in ("", "a", "a/c/d.scratch", "nowhere/yet"):
+        got = store.free_bytes(key)
+        assert got is not None
+        assert abs(got - shutil.disk_usage(tmp_path).free) < 256 << 20, key
+    assert LocalObjectStore(tmp_path / "not-made").free_bytes("x/y") is not None

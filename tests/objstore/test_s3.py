@@ -222,3 +222,9 @@ def test_requests_per_operation(s3_bucket: str, s3_server: S3Server) -> None:
                                                               "POST"]
     finally:
         proxy.close()
+
+
+def test_an_s3_store_has_no_free_bytes_to_tell(s3_bucket: str) -> None:
+    """A bucket has no room to run out of that the store could report: ``free_bytes`` is
+    None, and a step's ``scratch_compression = "auto"`` compresses its runs there."""
+    assert open_store(f"s3://{s3_bucket}/t").free_bytes("batches/x.scratch") is None

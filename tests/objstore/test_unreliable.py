@@ -33,6 +33,16 @@ def test_fail_chosen_calls(local: ObjectStore) -> None:
     assert flaky.calls["put"] == 3
 
 
+
+def test_free_bytes_is_the_inner_stores_and_never_faulted(local: ObjectStore) -> None:
+    """A question about room is not an operation: rules on every kind leave it alone."""
+    flaky = UnreliableStore(local).inject("get", "fail").inject("put", "fail")
+    got, want = flaky.free_bytes("a/b"), local.free_bytes("a/b")
+    assert got is not None
+    assert want is not None
+    assert abs(got - want) < 256 << 20  # other tests write beside this one
+    assert not flaky.injected
+
 def test_timeout_and_delay(local: ObjectStore) -> None:
     slept: list[float] = []
     flaky = (UnreliableStore(local, sleep=slept.append)

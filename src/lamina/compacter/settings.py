@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from lamina.compacter.executors.schedule import DEFAULT_PACK_BYTES, DEFAULT_PACK_STEPS
-from lamina.compacter.step.runs import RunCompression
+from lamina.compacter.step.runs import ScratchCompression
 from lamina.service.settings import ENV_PREFIX, S3Section, ServiceSettings, load_toml_settings
 
 __all__ = ["ENV_PREFIX", "Settings", "jvm_size_mib", "load_settings"]
@@ -74,11 +74,12 @@ class Settings(ServiceSettings):
                                    "each once, summed or maximal over relations")
     max_segments_per_job: int = Field(64, ge=1)
     max_bytes_per_job: int = Field(1 << 30, ge=1, description="WAL bytes per conversion (decoded)")
-    scratch_compression: RunCompression = Field(
-        "lz4", description="codec of a large conversion's scratch runs (lz4; zstd: about "
-        "2.4 times smaller for more CPU, where disk is short, with the writers' "
-        "wal_compression; none: the runs at their decoded size, a conversion's CPU a "
-        "sixth less, where the disk has room)")
+    scratch_compression: ScratchCompression = Field(
+        "auto", description="codec of a large conversion's scratch runs (auto: none where "
+        "the trace's filesystem has 8 times the conversion's decoded input free, else lz4; "
+        "lz4; zstd: about 2.4 times smaller for more CPU, where disk is short, with the "
+        "writers' wal_compression; none: the runs at their decoded size, faster "
+        "conversions)")
     retry_initial_seconds: float = Field(1.0, gt=0)
     retry_max_seconds: float = Field(60.0, gt=0)
     shutdown_grace_seconds: float = Field(30.0, ge=0)

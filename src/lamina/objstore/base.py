@@ -46,6 +46,9 @@ overrides them to keep a file's own strengths):
   appears, whole, when the block exits cleanly and not at all otherwise (here: buffered,
   then one ``put``; local: a temp file renamed into place, streaming, synced unless
   ``durable`` is False: scratch that lives for one step only).
+- ``free_bytes(key)``: the room left for new objects under ``key`` where the store has a
+  bound it can tell (local: the free space of the filesystem holding it); None where it
+  has none or cannot tell (here, and on S3).
 - ``sync(prefix)``: make objects listed under ``prefix`` durable (a no-op where a returned
   put is durable; local: fsync of the directory, for a writer that died before it did).
 - ``sweep(prefix, older_than)``: remove what failed writes left under ``prefix`` before
@@ -261,6 +264,12 @@ class ObjectStore(ABC):
         out = _BufferedWriter()
         yield out
         self.put(key, out.getvalue())
+
+    def free_bytes(self, key: str) -> int | None:
+        """Bytes that new objects under ``key`` may still take, where the store has such a
+        bound and can tell it; None otherwise (see the module docstring)."""
+        check_prefix(key)
+        return None
 
     def sync(self, prefix: str) -> None:
         """Make every object listed under ``prefix`` durable (see the module docstring)."""

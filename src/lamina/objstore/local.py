@@ -22,6 +22,8 @@ How each operation keeps the :mod:`lamina.objstore.base` contract:
 - ``writer``: ``FileSystem.create_synced``: streamed to a temp file, fsynced, renamed into
   place, the directory fsynced (no part held in memory); with ``durable=False`` the same
   without the fsyncs (``create_synced(sync=False)``: a step's scratch runs).
+- ``free_bytes``: ``statvfs`` of the nearest existing directory on the way to the key
+  (the blocks an unprivileged process may still take); None when that fails.
 - ``sync``: fsync of the prefix's directory; ``sweep``: temp files (dot-named) and empty
   directories older than the cut-off.
 
@@ -197,6 +199,17 @@ class LocalObjectStore(ObjectStore):
         self.fs.makedirs(path.parent)
         with self.fs.create_synced(path, sync=durable) as out:
             yield out
+
+    def free_bytes(self, key: str) -> int | None:
+        prefix = check_prefix(key)
+        path = self.root / prefix if prefix else self.root
+        while not path.is_dir() and path != path.parent:
+            path = path.parent
+        try:
+            vfs = os.statvfs(path)
+        except OSError:
+            return None
+        return vfs.f_bavail * vfs.f_frsize
 
     def sync(self, prefix: str) -> None:
         prefix = check_prefix(prefix)

@@ -78,7 +78,8 @@ class StepContext:
     """The most batch parts the step writes (sizes the record batches of runs)."""
     groups: tuple[tuple[WorkItem, ...], ...]
     run_compression: RunCompression = "lz4"
-    """The codec the decode tasks write their runs with (``JobTuning.run_compression``)."""
+    """The codec the decode tasks write their runs with (``JobTuning.run_compression``,
+    ``auto`` resolved for this step: :func:`lamina.compacter.step.runs.run_codec`)."""
 
     @property
     def distinct_keys(self) -> bool:

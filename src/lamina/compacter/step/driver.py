@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+import structlog
 
 from lamina.compacter.executors import ConversionResult
 from lamina.compacter.step.context import StepContext, aux_columns
@@ -43,7 +44,7 @@ from lamina.compacter.step.pack import (
     pickled,
     task_groups,
 )
-from lamina.compacter.step.runs import Run
+from lamina.compacter.step.runs import Run, RunCompression, run_codec
 from lamina.compacter.step.wire import META_FIELDS, RUN_FIELDS, Decoded, Written
 from lamina.compacter.step.work import (
     DEFAULT_TUNING,
@@ -67,6 +68,8 @@ from lamina.trace.state import PendingPart
 from lamina.trace.trace import Trace
 from lamina.wal.ranges import segment_ranges
 from lamina.wal.reader import SegmentSpan
+
+log = structlog.get_logger(__name__)
 
 SAMPLES_PER_CHUNK = 32
 """Decode tasks sample every ``chunk_rows / SAMPLES_PER_CHUNK``-th row for the cuts, and
@@ -244,7 +247,8 @@ def is_small(spec: StepSpec, tuning: JobTuning = DEFAULT_TUNING) -> bool:
 def _context(trace: Trace, spec: StepSpec, *, share: int, n_write: int, tuning: JobTuning,
              stage_segments: bool) -> StepContext:
     """What every task of the step receives: its inputs cut into groups of about ``share``
-    bytes (segments staged first with ``stage_segments``)."""
+    bytes (segments staged first with ``stage_segments``). The codec of runs is set by
+    :func:`run_step` for the steps that write them."""
     meta = trace.meta
     items: list[WorkItem] = []
     for span in spec.segments:
@@ -264,7 +268,7 @@ def _context(trace: Trace, spec: StepSpec, *, share: int, n_write: int, tuning: 
         batch_id=spec.batch_id, context=spec.context, scratch=TraceLayout.scratch(spec.batch_id),
         sample_every=max(1, tuning.chunk_rows // SAMPLES_PER_CHUNK),
         min_samples=max(1, math.ceil(SAMPLES_PER_CHUNK * n_write / len(groups))),
-        parts=n_write, groups=groups, run_compression=tuning.run_compression)
+        parts=n_write, groups=groups)
 
 
 def single_context(trace: Trace, spec: StepSpec, *, tuning: JobTuning = DEFAULT_TUNING,
@@ -303,6 +307,7 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
             out = _collect_output(rows, spec.context, jobs=1)
             check_merge_rows(spec, out)
             return out
+        ctx = replace(ctx, run_compression=_scratch_codec(trace, spec, tuning))
         try:
             runs = _run_tasks(spark, len(ctx.groups), decoder(ctx), RUN_FIELDS, check_cancelled)
             jobs += 1
@@ -323,6 +328,19 @@ def run_step(spark: Any, trace: Trace, spec: StepSpec, *, tuning: JobTuning = DE
     except Exception as exc:  # Spark, Py4J, or the driver's own reads (OSError)
         raise translate(exc, spec.context) from exc
     return _collect_output(rows, spec.context, decoded, jobs=jobs)
+
+
+def _scratch_codec(trace: Trace, spec: StepSpec, tuning: JobTuning) -> RunCompression:
+    """The codec of a two-job step's runs (``auto`` resolved by the room the trace store has
+    free, :func:`lamina.compacter.step.runs.run_codec`), logged when it was a choice."""
+    setting = tuning.run_compression
+    if setting != "auto":
+        return setting
+    free = trace.store.free_bytes(TraceLayout.scratch(spec.batch_id))
+    codec = run_codec(setting, spec.input_bytes, free)
+    log.info("step.scratch", batch=spec.batch_id, scratch_compression=codec,
+             input_bytes=spec.input_bytes, free_bytes=free)
+    return codec
 
 
 def check_merge_rows(spec: StepSpec, out: StepOutput) -> None:

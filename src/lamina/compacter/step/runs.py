@@ -1,8 +1,9 @@
 """The scratch run format: what decode tasks leave for the write tasks.
 
 A *run* is one decode task's rows, ordered by an integer lead column, as an Arrow IPC file
-of record batches (LZ4-compressed, or ZSTD or uncompressed where the daemon's
-``scratch_compression`` says so: :data:`RunCompression`) under the step's scratch directory
+of record batches (uncompressed, LZ4 or ZSTD, as the daemon's ``scratch_compression``
+says: :data:`ScratchCompression`, resolved per step by :func:`run_codec`) under the
+step's scratch directory
 (``TraceLayout.scratch(batch_id)``, i.e. ``batches/<batch id>.scratch/``):
 
 - ``run-<group:05d>.arrow``: the group's batch rows ordered by the prefix column, in
@@ -57,6 +58,30 @@ buffers as they are: on 3M sorted rows of the conversion benchmark's table, 168 
 0.12 s (LZ4); the 10M-update conversion took 3.48 s against 4.13 s (docs/performance.md),
 for a peak of scratch about its decoded input. Readers need not know it: Arrow IPC names
 each batch's codec."""
+
+ScratchCompression = Literal["auto", "lz4", "zstd", "none"]
+"""The daemon's ``scratch_compression``: a :data:`RunCompression`, or ``auto`` (the default),
+which :func:`run_codec` resolves for each step that writes runs."""
+
+AUTO_ROOM = 8
+"""``auto`` writes a step's runs uncompressed when the store has at least this many times
+the step's decoded input free (:func:`run_codec`)."""
+
+
+def run_codec(setting: ScratchCompression, input_bytes: int, free_bytes: int | None
+              ) -> RunCompression:
+    """The codec of one step's runs. ``auto`` trades scratch space for CPU only where the
+    space is plainly there: uncompressed runs take about the step's decoded input
+    (``input_bytes``, at most ``max_bytes_per_job``), and are written when the store has
+    :data:`AUTO_ROOM` times that free (``ObjectStore.free_bytes``: the filesystem of a
+    local trace); LZ4 where it has less, or cannot tell (an object store, where the runs
+    also cross the network). Uncompressed runs took a tenth off the 10M-update conversion
+    (docs/performance.md, "Scratch runs uncompressed where there is room")."""
+    if setting != "auto":
+        return setting
+    if free_bytes is not None and free_bytes >= AUTO_ROOM * input_bytes:
+        return "none"
+    return "lz4"
 
 RUN_BATCH_ROWS = 1 << 16
 """Rows per record batch of a future run, and the most per batch of a batch-row run (a

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lamina.compacter.step.runs import RunCompression
+from lamina.compacter.step.runs import ScratchCompression
 from lamina.trace.batch import PartFile
 from lamina.wal.ranges import SegmentRange
 from lamina.wal.reader import SegmentSpan
@@ -47,9 +47,9 @@ class JobTuning:
     chunk_rows: int = 1 << 18
     """Rows a write task sorts and consolidates at a time (written as Parquet row groups of
     ``lamina.trace.batch.ROW_GROUP_ROWS`` rows, with statistics, for key lookups)."""
-    run_compression: RunCompression = "lz4"
+    run_compression: ScratchCompression = "auto"
     """The codec of the decode tasks' scratch runs (the daemon's ``scratch_compression``;
-    :data:`lamina.compacter.step.runs.RunCompression`)."""
+    ``auto`` is resolved per step: :func:`lamina.compacter.step.runs.run_codec`)."""
 
 
 DEFAULT_TUNING = JobTuning()
