@@ -82,14 +82,6 @@ class StepContext:
     ``auto`` resolved for this step: :func:`lamina.compacter.step.runs.run_codec`)."""
 
     @property
-    def distinct_keys(self) -> bool:
-        """Whether rows that differ always differ in their full sort key: no floating sort
-        column (-0.0 and 0.0, or two NaNs, sort as equals). Then rows of equal sort key are
-        equal rows, consolidated into one, and their order before the sort cannot show."""
-        return not any(pa.types.is_floating(self.update_schema.field(c).type)
-                       for c in self.sort_columns)
-
-    @property
     def sort_keys(self) -> list[tuple[str, str] | tuple[str, str, str]]:
         """The batch order with the prefix in front (Arrow sort keys)."""
         return [(self.prefix, "ascending"),

@@ -22,7 +22,6 @@ sampled keys). Per decode task, memory is its input share.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +37,7 @@ from lamina.consolidate import forward, neighbour_changes, sum_adjacent
 from lamina.packed import repeats_often, worth_summing
 from lamina.schema import TIME
 from lamina.trace.batch import read_part
-from lamina.trace.order import order_prefix
+from lamina.trace.order import argsort_ints, order_prefix
 from lamina.trace.pending import bucket_lows
 from lamina.wal.ranges import range_updates
 
@@ -57,8 +56,7 @@ def read_group(group: Sequence[WorkItem], ctx: StepContext) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def split(table: pa.Table, ctx: StepContext, *, stable: bool = True
-          ) -> tuple[pa.Table, pa.Table]:
+def split(table: pa.Table, ctx: StepContext) -> tuple[pa.Table, pa.Table]:
     """Split updates into batch rows (times below ``since`` forwarded) ordered by the
     prefix column, and future rows (at or past the upper) ordered by the bucket column
     (the lower end of their pending bucket, uint64), each with the prefix column.
@@ -66,11 +64,9 @@ def split(table: pa.Table, ctx: StepContext, *, stable: bool = True
     Each side is gathered once, in its final order: the prefix is computed over all the
     updates, and the order of each side is found on numpy index arrays, so no column is
     copied by a filter and again by a sort (in the conversion benchmark, a copy of 95% of
-    every decode task's rows: docs/performance.md, "One gather per side"). ``stable``
-    keeps rows of equal prefix (or bucket) in WAL order (a timsort); otherwise they come
-    in any order (introsort, :func:`lamina.trace.order.by_lead`), for rows whose full
-    keys order them later."""
-    kind: Literal["stable", "quicksort"] = "stable" if stable else "quicksort"
+    every decode task's rows: docs/performance.md, "One gather per side"). Rows of equal
+    prefix (or bucket) stay in WAL order: the sorts are :func:`lamina.trace.order.argsort_ints`,
+    stable radix sorts."""
     prefix = order_prefix(table.column(ctx.sort_columns[0])).to_numpy()
     is_future: np.ndarray | None = None
     upper = ctx.upper
@@ -81,15 +77,15 @@ def split(table: pa.Table, ctx: StepContext, *, stable: bool = True
     if upper is None or is_future is None:
         past_order: np.ndarray | None = None
         if len(prefix) > 1 and not bool((prefix[1:] >= prefix[:-1]).all()):
-            past_order = np.argsort(prefix, kind=kind)
+            past_order = argsort_ints(prefix)
         future = _with(ctx.update_schema.empty_table(), ctx, np.empty(0, np.int64))
         future = future.append_column(ctx.bucket, pa.array([], pa.uint64()))
     else:
         rows = np.flatnonzero(~is_future)
-        past_order = rows[np.argsort(prefix[rows], kind=kind)]
+        past_order = rows[argsort_ints(prefix[rows])]
         rows = np.flatnonzero(is_future)
         lows = columns.numpy(bucket_lows(table.column(TIME).take(rows), upper))
-        by_bucket = np.argsort(lows, kind=kind)
+        by_bucket = argsort_ints(lows)
         order = rows[by_bucket]
         future = _with(table.take(order), ctx, prefix[order])
         future = future.append_column(ctx.bucket, pa.array(lows[by_bucket], pa.uint64()))
@@ -104,17 +100,14 @@ def _with(table: pa.Table, ctx: StepContext, prefix: np.ndarray) -> pa.Table:
     return table.append_column(ctx.prefix, pa.array(prefix, pa.int64()))
 
 
-def prepared(gid: int, ctx: StepContext, *, stable: bool = True
-             ) -> tuple[pa.Table, pa.Table, int]:
+def prepared(gid: int, ctx: StepContext) -> tuple[pa.Table, pa.Table, int]:
     """A group's batch rows ordered by prefix and its future rows ordered by bucket
     (:func:`split`), and how many updates it decoded (the input rows the step reports).
-    Where distinct rows have distinct sort keys (:attr:`StepContext.distinct_keys`), a
-    decode task passes ``stable=False``: a cut compares their full keys
-    (:mod:`lamina.compacter.step.cuts`) and the write tasks sort each chunk and bucket by
-    the full key. Otherwise WAL order is kept among equal prefixes, which the write tasks'
-    stable sorts keep among equal keys, as the reference executor does."""
+    WAL order is kept among equal prefixes, which the write tasks' stable sorts keep among
+    equal keys, as the reference executor does (it shows where distinct rows share a full
+    sort key: -0.0 and 0.0, or two NaNs, of a float sort column)."""
     decoded = read_group(ctx.groups[gid], ctx)
-    past, future = split(decoded, ctx, stable=stable)
+    past, future = split(decoded, ctx)
     return past, future, decoded.num_rows
 
 
@@ -184,7 +177,7 @@ def decoder(ctx: StepContext) -> Callable[[Iterator[pa.RecordBatch]],
     """The decode job's task function (:data:`~.wire.RUN_FIELDS` rows)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for gid in task_ids(batches):
-            past, future, decoded = prepared(gid, ctx, stable=not ctx.distinct_keys)
+            past, future, decoded = prepared(gid, ctx)
             past = summed_repeats(past, ctx)
             past_run = future_run = None
             if past.num_rows:
