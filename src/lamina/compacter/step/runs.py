@@ -47,9 +47,10 @@ from lamina.objstore.base import ObjectStore
 from lamina.trace.order import Key
 
 RunCompression = Literal["lz4", "zstd", "none"]
-"""The codec of a run's record batches. LZ4 (the default) costs the least CPU of the two
-codecs; ZSTD (level 1) makes the runs of the peers benchmark's stream about 2.4 times
-smaller (24.7 against 10.2 MB for 3.75M sorted updates of four int64 columns) for more CPU
+"""The codec of a run's record batches. LZ4 (what ``auto`` picks where room is short)
+costs the least CPU of the two codecs; ZSTD (level 1) makes the runs of the peers
+benchmark's stream about 2.4 times smaller (24.7 against 10.2 MB for 3.75M sorted updates
+of four int64 columns) for more CPU
 (0.22 against 0.12 s to write those rows, 0.40 against 0.37 s to read them back): the trade
 for a disk that is short of room, where a large conversion's runs are most of what the
 trace directory holds while it runs (docs/operations.md, "Disk"). ``none`` writes the
@@ -76,7 +77,8 @@ def run_codec(setting: ScratchCompression, input_bytes: int, free_bytes: int | N
     :data:`AUTO_ROOM` times that free (``ObjectStore.free_bytes``: the filesystem of a
     local trace); LZ4 where it has less, or cannot tell (an object store, where the runs
     also cross the network). Uncompressed runs took a tenth off the 10M-update conversion
-    (docs/performance.md, "Scratch runs uncompressed where there is room")."""
+    (docs/performance.md, "Radix-sorted prefixes, and uncompressed runs where there is
+    room")."""
     if setting != "auto":
         return setting
     if free_bytes is not None and free_bytes >= AUTO_ROOM * input_bytes:
