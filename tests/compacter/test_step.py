@@ -341,7 +341,6 @@ def test_conversions_and_merge_match_reference(
     trace.commit_merge(mplan, got)
 
 
-
 def test_auto_scratch_codec_compresses_only_where_room_is_short() -> None:
     """``auto`` writes a step's runs uncompressed only where the store has AUTO_ROOM times
     the step's decoded input free, LZ4 where it has less or cannot tell (S3); a chosen
@@ -378,6 +377,7 @@ def test_a_large_step_on_a_roomy_disk_writes_its_runs_uncompressed(sp: Any, tmp_
         _convert_both(sp, w, trace, spans(trace, w.wal_dir), name="ref-lz4",
                       tuning=dataclasses.replace(SPLIT, run_compression="lz4"))
     assert not [e for e in logs if e["event"] == "step.scratch"]
+
 
 @pytest.mark.spark
 def test_compressed_segments_match_reference(sp: Any, tmp_path: Path) -> None:

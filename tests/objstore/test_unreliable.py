@@ -33,7 +33,6 @@ def test_fail_chosen_calls(local: ObjectStore) -> None:
     assert flaky.calls["put"] == 3
 
 
-
 def test_free_bytes_is_the_inner_stores_and_never_faulted(local: ObjectStore) -> None:
     """A question about room is not an operation: rules on every kind leave it alone."""
     flaky = UnreliableStore(local).inject("get", "fail").inject("put", "fail")
@@ -42,6 +41,7 @@ def test_free_bytes_is_the_inner_stores_and_never_faulted(local: ObjectStore) ->
     assert want is not None
     assert abs(got - want) < 256 << 20  # other tests write beside this one
     assert not flaky.injected
+
 
 def test_timeout_and_delay(local: ObjectStore) -> None:
     slept: list[float] = []
