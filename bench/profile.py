@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.profile tasks [--step convert|merge] [--scale 1.0] [--top 25]
     .venv/bin/python -m bench.profile jvm [--step convert|merge] [--scale 1.0] [--runs 2]
     .venv/bin/python -m bench.profile sums [--scale 1.0]
+    .venv/bin/python -m bench.profile sorts [--runs 7]
     .venv/bin/python -m bench.profile encodings [--runs 3]
     .venv/bin/python -m bench.profile wal [--runs 300]
     .venv/bin/python -m bench.profile syncs [--runs 5]
@@ -24,6 +25,12 @@ the former design's profile was taken).
 
 ``sums`` times pyarrow's hash group-by of the merge input's 10M rows by row, summing the
 diffs as int64 and as decimal128(38, 0) (what ``lamina.consolidate`` chooses between).
+
+``sorts`` times the orders of 650,000 integers (a decode task's prefixes; random, and in
+15 presorted runs as a write task's pieces come, over ranges of 2^20, 2^40 and all of
+int64): numpy's introsort, its timsort and :func:`lamina.trace.order.argsort_ints`, the
+best of ``--runs`` CPU times each: the table of docs/performance.md, "Radix-sorted
+prefixes".
 
 ``encodings`` writes 2M rows of an int64 key and one 12-character string column (in runs
 of about ten, as a function of the sorted key; and 200,000 to 5 values in random order) as
@@ -77,6 +84,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import functools
 import itertools
 import json
 import pstats
@@ -408,6 +416,38 @@ def sums(scale: float) -> None:
           f"(+ cast {_best(lambda: pc.cast(table.column('_diff'), pa.decimal128(38, 0))):.3f})")
 
 
+def sorts(runs: int) -> None:
+    import numpy as np
+
+    from lamina.consolidate import INT64_MAX, INT64_MIN
+    from lamina.trace.order import argsort_ints
+
+    def best(fn: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(runs):
+            start = time.process_time()
+            fn()
+            times.append(time.process_time() - start)
+        return min(times) * 1e3
+
+    n, pieces = 650_000, 15
+    rng = np.random.default_rng(7)
+    print(f"{n:,} int64, best of {runs} (CPU ms): introsort / timsort / argsort_ints")
+    for label, high in (("2^20", 1 << 20), ("2^40", 1 << 40), ("int64", None)):
+        def draw(size: int, high: int | None = high) -> np.ndarray:
+            if high is None:
+                return rng.integers(INT64_MIN, INT64_MAX, size, endpoint=True)
+            return rng.integers(0, high, size)
+        shuffled = draw(n)
+        presorted = np.concatenate([np.sort(draw(n // pieces)) for _ in range(pieces)])
+        for kind, values in (("random", shuffled), (f"{pieces} presorted runs", presorted)):
+            assert np.array_equal(argsort_ints(values), np.argsort(values, kind="stable"))
+            intro = best(functools.partial(np.argsort, values))
+            tim = best(functools.partial(np.argsort, values, kind="stable"))
+            radix = best(functools.partial(argsort_ints, values))
+            print(f"  {kind}, range {label}: {intro:.1f} / {tim:.1f} / {radix:.1f}")
+
+
 def wal(runs: int) -> None:
     import os
 
@@ -648,8 +688,9 @@ def reads(store: str, relation: str, cell: str | None, runs: int, read: str) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile",
                                      description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "encodings", "wal", "syncs",
-                                         "timeline", "pertask", "reads", "_read_child"))
+    parser.add_argument("mode", choices=("tasks", "jvm", "sums", "sorts", "encodings", "wal",
+                                         "syncs", "timeline", "pertask", "reads",
+                                         "_read_child"))
     parser.add_argument("--step", choices=("convert", "merge"), default="convert")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=2)
@@ -677,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         jvm(args.step, args.scale, args.runs, args.top)
     elif args.mode == "sums":
         sums(args.scale)
+    elif args.mode == "sorts":
+        sorts(max(args.runs, 3))
     elif args.mode == "encodings":
         encodings(max(args.runs, 1))
     elif args.mode == "timeline":

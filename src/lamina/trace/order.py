@@ -10,11 +10,12 @@ rows against it:
 - the *prefix* (:func:`order_prefix`): an int64 per row, non-decreasing in the order of
   the first sort column, which leads every ordering so that sorting and searching is mostly
   integer work (ties are broken by the full keys);
-- :func:`argsort_ints`: the stable order of integers, as a radix sort on 16-bit digits
-  (each a numpy counting sort), several times faster than a comparison sort on the
-  narrow ranges that keys and buckets have;
-- :func:`by_lead` and :func:`sort_rows`: a stable sort on an integer lead column, then
-  Arrow's multi-key sort, which adapts to the presorted runs that leaves;
+- :func:`argsort_ints`: the stable order of integers in no order, as a radix sort on
+  16-bit digits (each a numpy counting sort), several times faster than a comparison sort
+  on the narrow ranges that keys and buckets have;
+- :func:`by_lead` and :func:`sort_rows`: a stable numpy sort (a timsort) on an integer
+  lead column of presorted runs, then Arrow's multi-key sort, which adapts to the
+  presorted runs that leaves;
 - :data:`Key` and :func:`order_value`: a row's full sort key as Python values that Python
   orders exactly like the batch order; :func:`comparable` gives a column whose Python
   values compare like Arrow sorts it.
@@ -102,26 +103,25 @@ RADIX_DIGIT_BITS = 16
 counting sort (65,536 counters, which stay in a core's cache)."""
 
 
-def argsort_ints(values: np.ndarray, *, runs: bool = False) -> np.ndarray:
-    """The stable order of int64 or uint64 ``values``: equal values keep their order, as in
-    ``np.argsort(values, kind="stable")``, which it returns the same.
+def argsort_ints(values: np.ndarray) -> np.ndarray:
+    """The stable order of int64 or uint64 ``values`` in no particular order: equal values
+    keep their order, as in ``np.argsort(values, kind="stable")``, which it returns the same.
 
     A least-significant-digit radix sort: ``values - min`` is cut into 16-bit digits, as
     few as its range needs, and each digit, lowest first, orders the rows by a stable numpy
-    sort of 16-bit integers (a counting sort, linear). Measured on 650,000 int64 (best of
-    7, CPU): random values of a 2^20 range (a decode task's int64 keys) 8.6 ms against
-    44.9 ms for numpy's introsort and 53 ms for its timsort; of a 2^40 range 21.4 ms; of the
-    full range (a string's 7-byte prefixes) 27.8 ms. On presorted runs (a write task's
-    pieces: ``runs``), timsort merges them in about a pass (11.7 ms for 15 runs), which the
-    radix sort beats only on ranges of two digits (7.5 ms), so longer keys go to timsort."""
+    sort of 16-bit integers (a counting sort, linear). Measured on 650,000 random int64
+    (``python -m bench.profile sorts``, best of 7, CPU, quiet): of a 2^20 range (a decode
+    task's int64 keys) 8.6 ms against 44.9 ms for numpy's introsort and 53 ms for its
+    timsort; of a 2^40 range 21.4 ms; of the full range (a string's 7-byte prefixes)
+    27.8 ms. Rows already in presorted runs are another matter: timsort merges them in
+    about a pass (11.7 ms for 15 runs), which the radix sort's gathers beat only narrowly,
+    and not on a busy machine (:func:`by_lead`)."""
     n = len(values)
     if n < RADIX_MIN_ROWS:
         return np.argsort(values, kind="stable")
     low = int(values.min())
     span = int(values.max()) - low
     digits = max(1, -(-span.bit_length() // RADIX_DIGIT_BITS))
-    if runs and digits > 2:
-        return np.argsort(values, kind="stable")
     # values - low as uint64 (the subtraction wraps, which is exact for int64 values)
     offsets = values.view(np.uint64) - np.uint64(low % (1 << 64))
     order: np.ndarray | None = None
@@ -137,13 +137,14 @@ def argsort_ints(values: np.ndarray, *, runs: bool = False) -> np.ndarray:
 def by_lead(table: pa.Table, lead: str) -> pa.Table:
     """``table`` in the order of its integer column ``lead``, rows of equal leads in their
     order (no copy when it is in order already). Its rows are presorted runs (a write
-    task's pieces, each ordered by the lead): :func:`argsort_ints` with ``runs``."""
+    task's pieces, each ordered by the lead), which numpy's timsort merges in about a pass
+    each; the radix sort (:func:`argsort_ints`) is for rows in no order."""
     if table.num_rows <= 1:
         return table
     values = table.column(lead).to_numpy()
     if bool((values[1:] >= values[:-1]).all()):
         return table
-    return table.take(argsort_ints(values, runs=True))
+    return table.take(np.argsort(values, kind="stable"))
 
 
 def sort_rows(table: pa.Table, keys: Sequence[Any], lead: str) -> pa.Table:
