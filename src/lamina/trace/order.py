@@ -110,12 +110,12 @@ def argsort_ints(values: np.ndarray) -> np.ndarray:
     A least-significant-digit radix sort: ``values - min`` is cut into 16-bit digits, as
     few as its range needs, and each digit, lowest first, orders the rows by a stable numpy
     sort of 16-bit integers (a counting sort, linear). Measured on 650,000 random int64
-    (``python -m bench.profile sorts``, best of 7, CPU, quiet): of a 2^20 range (a decode
-    task's int64 keys) 8.6 ms against 44.9 ms for numpy's introsort and 53 ms for its
-    timsort; of a 2^40 range 21.4 ms; of the full range (a string's 7-byte prefixes)
-    27.8 ms. Rows already in presorted runs are another matter: timsort merges them in
-    about a pass (11.7 ms for 15 runs), which the radix sort's gathers beat only narrowly,
-    and not on a busy machine (:func:`by_lead`)."""
+    (``python -m bench.profile sorts``, best of 7, CPU, in two hours of one evening): of a
+    2^20 range (a decode task's int64 keys) 8.6 to 18.3 ms against 43 to 45 ms for numpy's
+    introsort and 53 ms for its timsort; of the full range (a string's 7-byte prefixes)
+    27.8 to 44.9 ms. Rows already in presorted runs are another matter: timsort merges
+    them in about a pass (11.5 ms for 15 runs), which the radix sort beat in one of those
+    hours and lost to in the other (:func:`by_lead`)."""
     n = len(values)
     if n < RADIX_MIN_ROWS:
         return np.argsort(values, kind="stable")
