@@ -76,7 +76,6 @@ def scratch_compression() -> Any:
                          ).scratch_compression
 
 
-
 def scratch_codec(inp: Input) -> str:
     """The codec the setting comes to for this input on this disk (``auto`` resolved as
     the driver resolves it: :func:`lamina.compacter.step.runs.run_codec`)."""
@@ -84,6 +83,7 @@ def scratch_codec(inp: Input) -> str:
 
     return run_codec(scratch_compression(), sum(s.decoded_bytes for s in inp.spans()),
                      LocalObjectStore(CACHE).free_bytes(""))
+
 
 def decode(inp: Input, spans: list[SegmentSpan]) -> pa.Table:
     """Every update of the segments, through lamina's reader (checksums verified)."""
