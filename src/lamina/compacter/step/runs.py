@@ -85,6 +85,7 @@ def run_codec(setting: ScratchCompression, input_bytes: int, free_bytes: int | N
         return "none"
     return "lz4"
 
+
 RUN_BATCH_ROWS = 1 << 16
 """Rows per record batch of a future run, and the most per batch of a batch-row run (a
 write task decompresses only the batches its key range overlaps)."""
