@@ -21,7 +21,9 @@ and prints one JSON line (the last line of stdout). Contenders:
   (the unconverted WAL is most of lamina's peak) and to the append path. ``lamina-zstd``
   also runs the daemon as docs/operations.md configures it for a disk short of room
   (``bench.peers_lamina.DAEMON_SETTINGS``: scratch runs in ZSTD, conversions of at most
-  128 MiB decoded).
+  128 MiB decoded), and its writing store bounds the WAL backlog
+  (``bench.peers_lamina.WAL_BACKLOG_BYTES``: appends wait while more than 8 MiB of
+  finished segments await conversion).
 - ``delta``: ``write_deltalake(mode="append")`` per append with the upper in the commit
   (custom metadata and an app transaction), then fsync of the commit's data files, the
   commit file and both directories (delta-rs does not fsync on a local disk); every ``M``
@@ -66,6 +68,7 @@ from bench.peers_delta import delta_recover, delta_writer, run_delta
 from bench.peers_lamina import (
     DAEMON_SETTINGS,
     KEEP_VERSIONS,
+    WAL_BACKLOG_BYTES,
     WAL_COMPRESSION,
     lamina_recover,
     lamina_writer,
@@ -127,7 +130,8 @@ def run(contender: str, cell: Cell, work: Path, budget: float) -> dict[str, Any]
         out = run_lamina(cell, work, budget, every=every, behind=behind,
                          keep_versions=KEEP_VERSIONS[contender],
                          compression=WAL_COMPRESSION.get(contender, "none"),
-                         settings=DAEMON_SETTINGS.get(contender))
+                         settings=DAEMON_SETTINGS.get(contender),
+                         backlog_bytes=WAL_BACKLOG_BYTES.get(contender))
     else:
         out = run_delta(cell, work, budget, contender, every=every, behind=behind)
     out["recovery"] = recovery(contender, cell, work)

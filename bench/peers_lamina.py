@@ -56,15 +56,20 @@ docs/operations.md ("Disk") gives a disk short of room: besides the writers' ``z
 scratch runs in ZSTD and conversions of at most 128 MiB of decoded updates (4 of this
 benchmark's segments), so that a conversion holds less scratch and its segments go sooner.
 ``lamina-lz4`` changes the writers only."""
+WAL_BACKLOG_BYTES: dict[str, int] = {"lamina-zstd": 4 << 20}
+"""The writing store's ``wal_backlog_bytes`` per contender (lamina.wal.throttle): the
+small-disk configuration bounds the unconverted WAL too, so appends wait for the daemon
+rather than land the whole stream on disk first (the others: no bound)."""
 RELATION = "peers"
 
 
 def _open_store(data: Path, fsync: Literal["always", "never"],
-                compression: Compression = "none") -> Any:
+                compression: Compression = "none", backlog_bytes: int | None = None) -> Any:
     from lamina import Store
 
     return Store.open(data, fsync=fsync, segment_bytes=SEGMENT_BYTES,
-                      segment_max_age_seconds=SEGMENT_MAX_AGE, wal_compression=compression)
+                      segment_max_age_seconds=SEGMENT_MAX_AGE, wal_compression=compression,
+                      wal_backlog_bytes=backlog_bytes)
 
 
 def _start_daemon(data: Path, log: Path, keep_versions: int,
@@ -105,10 +110,12 @@ def _settled(data: Path) -> tuple[bool, dict[str, Any]]:
 
 def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int,
                keep_versions: int, compression: Compression = "none",
-               settings: Mapping[str, str] | None = None) -> dict[str, Any]:
+               settings: Mapping[str, str] | None = None,
+               backlog_bytes: int | None = None) -> dict[str, Any]:
     """One run: ingest, catch up, measure (``every``: ``M``; ``behind``: the lag;
     ``compression``: the WAL compression the appends write with; ``settings``: the
-    daemon's environment over the benchmark's)."""
+    daemon's environment over the benchmark's; ``backlog_bytes``: the writing store's
+    ``wal_backlog_bytes``)."""
     data = work / "data"
     # created with the run's compression: the relation's first segment is opened here, and
     # a writer keeps an uncompressed (version 1) open segment uncompressed until it finishes
@@ -117,14 +124,14 @@ def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int
     settings = dict(settings or {})
     daemon = _start_daemon(data, work / "daemon.log", keep_versions, settings)
     out: dict[str, Any] = {"keep_versions": keep_versions, "wal_compression": compression,
-                           "daemon_settings": settings}
+                           "wal_backlog_bytes": backlog_bytes, "daemon_settings": settings}
     try:
         base = tree_usage(daemon.pid)
         lat: list[float] = []
         io0 = proc_io()["write_bytes"]
         with DiskSampler(data) as sampler:
             started = time.perf_counter()
-            with _open_store(data, "always", compression) as store:
+            with _open_store(data, "always", compression, backlog_bytes) as store:
                 rel = store.relation(RELATION)
                 for i, table in enumerate(appends(cell)):
                     t0 = time.perf_counter()
@@ -138,6 +145,7 @@ def run_lamina(cell: Cell, work: Path, budget: float, *, every: int, behind: int
                         break
                 upper = rel.upper
                 since = rel.since
+                out["backlog_wait_seconds"] = round(rel.wal_backlog_wait_seconds, 3)
             ingest = time.perf_counter() - started
             append_written = proc_io()["write_bytes"] - io0
             deadline = time.monotonic() + 600

@@ -22,6 +22,9 @@ The tree is small on purpose; callers catch a branch, not a leaf:
   :class:`StalePlanError`: a step was planned against a state this writer has since
   replaced (re-plan from the state on disk; nothing is corrupt).
 - :class:`ConfigError`: settings could not be validated.
+- :class:`BacklogTimeoutError` (also a ``TimeoutError``): an append waited for the
+  compacter to shrink the WAL backlog below ``wal_backlog_bytes`` and it did not
+  (lamina.wal.throttle); nothing was written.
 - :class:`JobError`: a Spark job failed (after retries, where the caller retries).
   :class:`JobCancelledError`: a job was cancelled (shutdown, a dropped relation).
 - :class:`ForkServerError`: a fork server (the drills' starter of short-lived processes)
@@ -175,6 +178,12 @@ class StalePlanError(StateConflictError):
 
 class ConfigError(LaminaError, ValueError):
     """Settings could not be validated."""
+
+
+class BacklogTimeoutError(LaminaError, TimeoutError):
+    """An append waited ``wal_backlog_timeout`` seconds for the relation's WAL backlog to
+    shrink below ``wal_backlog_bytes`` and it did not (lamina.wal.throttle); the append
+    wrote nothing."""
 
 
 class JobError(LaminaError):

@@ -44,6 +44,8 @@ from lamina.schema import RelationMeta, check_diffs, checked_updates, validate_n
 from lamina.wal.log import FSYNC_POLICIES, FsyncPolicy, WalWriter
 from lamina.wal.record import COMPRESSIONS, DEFAULT_COMPRESSION, Compression
 from lamina.wal.segment import encode_header, opening_records, segment_name, version_for
+from lamina.wal.throttle import DEFAULT_TIMEOUT as DEFAULT_BACKLOG_TIMEOUT
+from lamina.wal.throttle import BacklogGate
 
 if TYPE_CHECKING:
     from lamina.objstore.s3 import S3Settings
@@ -60,10 +62,14 @@ class Store:
                  fsync: FsyncPolicy, fsync_interval: float, fs: FileSystem,
                  s3: S3Settings | None = None, read_only: bool = False,
                  wal_compression: Compression = DEFAULT_COMPRESSION,
-                 lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+                 lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                 wal_backlog_bytes: int | None = None,
+                 wal_backlog_timeout: float = DEFAULT_BACKLOG_TIMEOUT) -> None:
         self.layout = DataDir(root, s3=s3, lease_seconds=lease_seconds)
         self.read_only = read_only
         self.wal_compression: Compression = wal_compression
+        self.wal_backlog_bytes = wal_backlog_bytes
+        self.wal_backlog_timeout = wal_backlog_timeout
         self.segment_bytes = segment_bytes
         self.segment_max_age_seconds = segment_max_age_seconds
         self.fsync: FsyncPolicy = fsync
@@ -80,7 +86,9 @@ class Store:
              fs: FileSystem | None = None, trace_url: str | None = None,
              s3: S3Settings | None = None, read_only: bool = False,
              wal_compression: Compression = DEFAULT_COMPRESSION,
-             lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Store:
+             lease_seconds: float = DEFAULT_LEASE_SECONDS,
+             wal_backlog_bytes: int | None = None,
+             wal_backlog_timeout: float = DEFAULT_BACKLOG_TIMEOUT) -> Store:
         """Open (creating if needed) the data directory at ``path``.
 
         ``read_only=True`` opens an existing data directory for reading: it creates nothing,
@@ -108,7 +116,15 @@ class Store:
         an append and saves on disk). Every reader reads every setting, so it may change
         from one open to the next. ``lease_seconds``: how long a read's lease on its trace
         files outlives this process if it dies (renewed while it lives; docs/reading.md,
-        "Leases")."""
+        "Leases").
+
+        ``wal_backlog_bytes``: a bound on each relation's WAL backlog, the finished segments
+        the compacter has not converted yet (None, the default: no bound). An ``append``
+        waits while its relation's backlog is above it, so a coordinator that outruns the
+        compacter fills its disk up to about the bound plus ``segment_bytes``, not with the
+        whole stream; when the backlog has not shrunk for ``wal_backlog_timeout`` seconds
+        the append raises BacklogTimeoutError and writes nothing (lamina.wal.throttle;
+        docs/operations.md, "Disk")."""
         if fsync not in FSYNC_POLICIES:
             raise InvalidArgumentError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
@@ -127,6 +143,15 @@ class Store:
                 isinstance(lease_seconds, int | float) and 1 <= lease_seconds <= 86400):
             raise InvalidArgumentError(f"lease_seconds must be a number of seconds in "
                                        f"[1, 86400], got {lease_seconds!r}")
+        if wal_backlog_bytes is not None and (
+                isinstance(wal_backlog_bytes, bool) or not isinstance(wal_backlog_bytes, int)
+                or wal_backlog_bytes < 1):
+            raise InvalidArgumentError(f"wal_backlog_bytes must be None or an int >= 1, got "
+                                       f"{wal_backlog_bytes!r}")
+        if isinstance(wal_backlog_timeout, bool) or not (
+                isinstance(wal_backlog_timeout, int | float) and wal_backlog_timeout > 0):
+            raise InvalidArgumentError(f"wal_backlog_timeout must be a number of seconds > 0, "
+                                       f"got {wal_backlog_timeout!r}")
         root = Path(path)
         fs = fs or FileSystem()
         if root.exists() and not root.is_dir():
@@ -134,7 +159,9 @@ class Store:
         store = cls(root, segment_bytes=segment_bytes,
                     segment_max_age_seconds=float(segment_max_age_seconds), fsync=fsync,
                     fsync_interval=fsync_interval, fs=fs, s3=s3, read_only=read_only,
-                    wal_compression=wal_compression, lease_seconds=float(lease_seconds))
+                    wal_compression=wal_compression, lease_seconds=float(lease_seconds),
+                    wal_backlog_bytes=wal_backlog_bytes,
+                    wal_backlog_timeout=float(wal_backlog_timeout))
         if read_only:
             if trace_url is not None:
                 raise InvalidArgumentError("a read-only store cannot record a trace_url; "
@@ -276,6 +303,7 @@ class Relation:
         self.meta = files.meta
         self.dropped = False
         self._writer: WalWriter | None = None
+        self._gate: BacklogGate | None = None  # with a wal_backlog_bytes bound
         self._mu = threading.Lock()
         self._key_index: KeyIndex | None = None  # part footers kept between lookups
 
@@ -314,7 +342,22 @@ class Relation:
                                              fsync_interval=self.store.fsync_interval,
                                              compression=self.store.wal_compression,
                                              update_schema=self.meta.update_schema)
+                if self.store.wal_backlog_bytes is not None:
+                    self._gate = BacklogGate(self.name, self.wal_dir,
+                                             self.store.wal_backlog_bytes,
+                                             self.store.wal_backlog_timeout,
+                                             self._converted_through)
             return self._writer
+
+    @property
+    def wal_backlog_wait_seconds(self) -> float:
+        """Seconds this handle's appends have waited for the WAL backlog to shrink below
+        ``wal_backlog_bytes`` (0.0 without a bound): what the bound has cost so far."""
+        return 0.0 if self._gate is None else self._gate.waited_seconds
+
+    def _converted_through(self) -> int:
+        state = self.files.state()
+        return 0 if state is None else state.converted_through
 
     @contextlib.contextmanager
     def _quarantine_on_corruption(self) -> Iterator[None]:
@@ -334,12 +377,19 @@ class Relation:
         ``updates``: a ``pa.Table`` or ``pa.RecordBatch``, anything exporting the Arrow C
         stream (``__arrow_c_stream__``: a polars DataFrame, a DuckDB relation, a
         ``pa.RecordBatchReader``) or a pandas DataFrame (lamina.schema.to_table). A
-        rejected input raises SchemaError naming what was wrong and writes nothing."""
+        rejected input raises SchemaError naming what was wrong and writes nothing.
+
+        With ``Store.open(wal_backlog_bytes=...)`` it first waits while the relation's WAL
+        backlog is above that bound (lamina.wal.throttle); BacklogTimeoutError, writing
+        nothing, when the backlog has not shrunk for ``wal_backlog_timeout`` seconds."""
         # as it is where it only lacks the non-null flags, which the writer's records
         # declare (lamina.schema.checked_updates); the diffs are checked while the record
         # is on its way to the disk (lamina.wal.log)
         table = checked_updates(self.meta, updates)
-        self._writer_or_open("append").append(table, partial(check_diffs, self.meta))
+        writer = self._writer_or_open("append")
+        if self._gate is not None:
+            self._gate.wait(writer.seq)
+        writer.append(table, partial(check_diffs, self.meta))
 
     def seal(self, upper: int | datetime) -> None:
         """Promise that no update at a time below ``upper`` will arrive (a datetime where
