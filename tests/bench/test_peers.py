@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from bench.peers_contenders import CONTENDERS
-from bench.peers_lamina import DAEMON_SETTINGS
+from bench.peers_lamina import DAEMON_SETTINGS, WAL_BACKLOG_BYTES
 from bench.peers_stream import CELLS, appends, checksum, ensure
 
 from bench import peers
@@ -110,6 +110,9 @@ def test_the_quick_cell_runs_end_to_end_and_passes_the_gate(tmp_path: Path) -> N
     lamina, zstd = cell["contenders"]["lamina"]["last"], cell["contenders"]["lamina-zstd"]["last"]
     assert (lamina["wal_compression"], zstd["wal_compression"]) == ("none", "zstd")
     assert zstd["daemon_settings"] == DAEMON_SETTINGS["lamina-zstd"]  # the small-disk daemon
+    assert zstd["wal_backlog_bytes"] == WAL_BACKLOG_BYTES["lamina-zstd"]  # and its writer
+    assert lamina["wal_backlog_bytes"] is None
+    assert lamina["backlog_wait_seconds"] == 0
     # the appends of the compressed contender wrote fewer bytes: the setting took effect
     assert zstd["append_write_bytes"] < 0.8 * lamina["append_write_bytes"]
     assert set(cell["ratios"]) == set(peers.TARGETS) | {
