@@ -12,6 +12,7 @@ mapping of its own and its flags say what numpy did for it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 SMAPS = Path("/proc/self/smaps")
+ROOT = Path(__file__).resolve().parents[1]
 
 PRELUDE = '''
 import threading
@@ -116,3 +118,106 @@ def test_a_snapshot_restores_numpy_s_setting(tmp_path: Path) -> None:
             assert rel.snapshot().num_rows == 1000
         assert advised(big())
     """, tmp_path)
+
+
+def _fresh(body: str, tmp_path: Path, **env: str) -> None:
+    """Run ``body`` in a fresh interpreter (no smaps needed); its asserts are the test's."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(body) + '\nprint("OK")\n'], check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "OK", done.stdout
+
+
+ARROW_POOL = """
+    import threading
+
+    import pyarrow as pa
+
+    from lamina.hugepages import small_pages
+
+    assert pa.default_memory_pool().backend_name == "mimalloc"
+    with small_pages():
+        assert pa.default_memory_pool().backend_name == "jemalloc"
+        kept = pa.array(range(100_000))  # allocated from jemalloc, freed after the exit
+        entered, release = threading.Event(), threading.Event()
+
+        def other_read():
+            with small_pages():
+                entered.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=other_read)
+        thread.start()
+        assert entered.wait(10)
+    assert pa.default_memory_pool().backend_name == "jemalloc"  # the other read is inside
+    release.set()
+    thread.join(10)
+    assert pa.default_memory_pool().backend_name == "mimalloc"
+    assert kept.sum().as_py() == sum(range(100_000))
+    del kept
+"""
+
+
+def test_arrow_allocates_from_jemalloc_inside_and_the_pool_comes_back(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    if pa.default_memory_pool().backend_name != "mimalloc":
+        pytest.skip("this pyarrow's default pool is not mimalloc")
+    _fresh(ARROW_POOL, tmp_path, ARROW_DEFAULT_MEMORY_POOL="mimalloc")
+
+
+def test_a_pool_the_user_chose_is_left_alone(tmp_path: Path) -> None:
+    _fresh("""
+        import pyarrow as pa
+
+        from lamina.hugepages import small_pages
+
+        with small_pages():
+            assert pa.default_memory_pool().backend_name == "system"
+        assert pa.default_memory_pool().backend_name == "system"
+    """, tmp_path, ARROW_DEFAULT_MEMORY_POOL="system")
+
+
+def test_a_snapshot_decodes_and_merges_from_jemalloc(tmp_path: Path) -> None:
+    """A fresh interpreter's snapshot of a string-keyed relation (the general merge, not
+    packed keys) and of its converted trace: Arrow's mimalloc pool allocates nothing
+    during either, jemalloc holds the rows, and the default pool is mimalloc again after."""
+    import pyarrow as pa
+
+    if pa.default_memory_pool().backend_name != "mimalloc":
+        pytest.skip("this pyarrow's default pool is not mimalloc")
+    _fresh("""
+        import pyarrow as pa
+
+        from lamina import Store
+        from lamina.datadir import DataDir
+        from lamina.trace.trace import Trace
+        from tests.trace.helpers import convert
+
+        n = 200_000
+        from pathlib import Path
+
+        with Store.open(Path("data"), fsync="never", segment_bytes=1 << 20) as store:
+            rel = store.create_relation("r", pa.schema([("id", pa.int64()),
+                                                        ("item", pa.string())]), key=["id"])
+            for t in range(4):
+                rel.append(pa.table({"id": pa.array(range(n)),
+                                     "item": pa.array([f"v{i % 997}-{t}" for i in range(n)]),
+                                     "_time": pa.array([t] * n, pa.uint64()),
+                                     "_diff": pa.array([1] * n, pa.int64())}))
+                rel.seal(t + 1)
+        layout = DataDir(Path("data"))
+        trace = Trace.open(layout.trace_store("r"), layout.relation("r").meta)
+        convert(trace, layout.wal_dir("r"), per_plan=64)
+        mimalloc, jemalloc = pa.mimalloc_memory_pool(), pa.jemalloc_memory_pool()
+        before = mimalloc.bytes_allocated()
+        with Store.open(Path("data"), read_only=True) as store:
+            rows = store.relation("r").snapshot()
+        assert rows.num_rows == 4 * n
+        assert jemalloc.max_memory() >= rows.nbytes
+        assert mimalloc.bytes_allocated() == before
+        assert pa.default_memory_pool().backend_name == "mimalloc"
+    """, tmp_path, ARROW_DEFAULT_MEMORY_POOL="mimalloc",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")

@@ -1,4 +1,4 @@
-"""Short-lived numpy temporaries without transparent huge pages.
+"""Short-lived read temporaries without transparent huge pages: numpy's and Arrow's.
 
 numpy asks the kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on every
 large array it allocates. Where the kernel's THP ``defrag`` setting is ``madvise`` (the
@@ -22,6 +22,24 @@ The switch governs only what numpy advises now. Advice belongs to the pages: an 
 that malloc places in heap memory an earlier, advised array left free is backed by
 huge pages all the same (tests/test_hugepages.py checks in fresh interpreters for that
 reason).
+
+**Arrow's buffers.** pyarrow allocates from mimalloc by default, and mimalloc reserves a
+1 GiB arena and advises the whole of it for huge pages (``strace`` shows one
+``madvise(..., 1073741824, MADV_HUGEPAGE)``). So every Parquet page a read decodes and
+every array its merge builds is faulted in as huge pages wherever the kernel finds free 2
+MiB blocks: the cold read of bench/cold_read.py (1M updates, 50,000 keys, in a fresh
+process right after another process's exit) took 60 to 85 ms in some runs and 110 to 260
+ms in others, those with two to three times the system time; with huge pages off for the
+process (``prctl(PR_SET_THP_DISABLE)``) every run took 79 to 91 ms (docs/performance.md,
+"Cold reads without huge pages"). jemalloc, which pyarrow also carries, advises nothing.
+So inside :func:`small_pages` pyarrow's default pool is the jemalloc pool where the
+default is mimalloc and jemalloc is built in (:class:`_ArrowPool`): 177 to 195 ms a cold
+read, import included, against 166 to 367 ms, and warm reads at the same speed (49 against
+47 to 54 ms) with 40% less resident memory. The switch is pyarrow's
+(``pa.set_memory_pool``), process-wide, like numpy's: what other threads allocate
+meanwhile comes from jemalloc too, and every buffer goes back to the pool it came from,
+so it changes speed, never contents. A default pool the user chose (another backend, set
+through ``ARROW_DEFAULT_MEMORY_POOL`` or ``pa.set_memory_pool``) is left alone.
 """
 
 from __future__ import annotations
@@ -31,6 +49,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import pyarrow as pa
 
 
 def _switch() -> Callable[[bool], bool] | None:
@@ -71,12 +90,52 @@ class _Hint:
 _HINT = _Hint(_switch())
 
 
+def _jemalloc() -> pa.MemoryPool | None:
+    try:
+        return pa.jemalloc_memory_pool()
+    except (NotImplementedError, pa.ArrowException):  # a pyarrow built without it
+        return None
+
+
+class _ArrowPool:
+    """pyarrow's default pool, jemalloc instead of mimalloc while any :func:`small_pages`
+    is entered (module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._before: pa.MemoryPool | None = None
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                current = pa.default_memory_pool()
+                replacement = _jemalloc() if current.backend_name == "mimalloc" else None
+                if replacement is not None:
+                    self._before = current
+                    pa.set_memory_pool(replacement)
+            self._depth += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0 and self._before is not None:
+                pa.set_memory_pool(self._before)
+                self._before = None
+
+
+_POOL = _ArrowPool()
+
+
 @contextmanager
 def small_pages() -> Iterator[None]:
-    """numpy's large allocations inside go without ``MADV_HUGEPAGE`` (module
-    docstring); nested and concurrent uses restore the setting once, at the last exit."""
+    """numpy's large allocations inside go without ``MADV_HUGEPAGE``, and Arrow's come
+    from jemalloc rather than mimalloc (module docstring); nested and concurrent uses
+    restore both settings once, at the last exit."""
     _HINT.enter()
+    _POOL.enter()
     try:
         yield
     finally:
+        _POOL.exit()
         _HINT.exit()

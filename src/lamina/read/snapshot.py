@@ -68,9 +68,10 @@ def snapshot(files: RelationFiles, as_of: object, *, upper: int, since: int) -> 
     rest of the relation stays readable and nothing is dropped silently."""
     meta = files.meta
     at = resolve_as_of(files, as_of, upper=upper, since=since)
-    parts, wal = _stored(files, at)  # times at or before as_of
-    return consolidated(meta, parts, wal, context=f"snapshot of {meta.name!r} at {at}",
-                        workers=pa.cpu_count())
+    with small_pages():  # the decoded parts too, not only the merge (lamina.hugepages)
+        parts, wal = _stored(files, at)  # times at or before as_of
+        return consolidated(meta, parts, wal, context=f"snapshot of {meta.name!r} at {at}",
+                            workers=pa.cpu_count())
 
 
 def consolidated(meta: RelationMeta, parts: list[pa.Table], wal: list[pa.Table], *,
@@ -79,7 +80,8 @@ def consolidated(meta: RelationMeta, parts: list[pa.Table], wal: list[pa.Table],
     or rows filtered out of them in order), ``wal`` in any order. The sorted runs are
     merged (:func:`lamina.consolidate.merge_runs`, on ``workers`` threads); where that
     declines, a hash consolidation does it (``context`` names the read in its errors).
-    numpy's temporaries go without huge pages meanwhile (:mod:`lamina.hugepages`).
+    Its temporaries go without huge pages meanwhile, numpy's and Arrow's
+    (:mod:`lamina.hugepages`).
 
     With ``timed``, the updates keep ``_time`` (parts sorted by row, then time) and are
     consolidated per row and time, as :func:`lamina.consolidate.consolidate_updates` does:
