@@ -57,16 +57,12 @@ class BacklogGate:
     conversion); it is called only when the finished segments together pass the bound."""
 
     def __init__(self, relation: str, wal_dir: Path, limit: int, timeout: float,
-                 converted_through: Callable[[], int], *,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 converted_through: Callable[[], int]) -> None:
         self.relation = relation
         self.wal_dir = wal_dir
         self.limit = limit
         self.timeout = timeout
         self._converted_through = converted_through
-        self._clock = clock
-        self._sleep = sleep
         self._mu = threading.Lock()
         self._clear_at: int | None = None  # the open segment when a check last passed
         self.waited_seconds = 0.0
@@ -86,27 +82,28 @@ class BacklogGate:
         with self._mu:
             if self._clear_at == open_seq:
                 return
-        started = self._clock()
+        started = time.monotonic()
         last_change, delay = started, FIRST_POLL
         segments, nbytes = self.pending()
         while nbytes > self.limit:
-            now = self._clock()
+            now = time.monotonic()
             if now - last_change >= self.timeout:
                 self._add_wait(now - started)
                 raise BacklogTimeoutError(
                     f"relation {self.relation!r}: the WAL backlog ({nbytes} bytes in "
                     f"{segments} finished segments not yet converted) stayed above "
-                    f"wal_backlog_bytes={self.limit} for {self.timeout:g} s, so the append "
-                    f"was refused and nothing was written; the compacter is behind or not "
-                    f"running (`lamina status` shows wal_bytes_pending, the daemon's log "
-                    f"why); append again once it has caught up, or raise the bound")
-            self._sleep(min(delay, max(0.0, last_change + self.timeout - now)))
+                    f"wal_backlog_bytes={self.limit} without shrinking for {self.timeout:g} "
+                    f"s, so the append was refused and nothing was written; the compacter "
+                    f"is behind or not running (`lamina status` shows wal_bytes_pending, "
+                    f"the daemon's log why); append again once it has caught up, or raise "
+                    f"the bound")
+            time.sleep(min(delay, max(0.0, last_change + self.timeout - now)))
             delay = min(delay * 2, LAST_POLL)
             before = nbytes
             segments, nbytes = self.pending()
             if nbytes < before:
-                last_change = self._clock()
-        self._add_wait(self._clock() - started)
+                last_change = time.monotonic()
+        self._add_wait(time.monotonic() - started)
         with self._mu:
             self._clear_at = open_seq
 
