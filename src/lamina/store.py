@@ -130,8 +130,7 @@ class Store:
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
             raise InvalidArgumentError(f"segment_bytes must be an int >= 4096, got "
                                        f"{segment_bytes!r}")
-        if isinstance(segment_max_age_seconds, bool) or not (
-                isinstance(segment_max_age_seconds, int | float) and segment_max_age_seconds > 0):
+        if not (_is_number(segment_max_age_seconds) and segment_max_age_seconds > 0):
             raise InvalidArgumentError(f"segment_max_age_seconds must be a number > 0, got "
                                        f"{segment_max_age_seconds!r}")
         if not fsync_interval > 0:
@@ -139,17 +138,15 @@ class Store:
         if wal_compression not in COMPRESSIONS:
             raise InvalidArgumentError(f"wal_compression must be one of {COMPRESSIONS}, got "
                                        f"{wal_compression!r}")
-        if isinstance(lease_seconds, bool) or not (
-                isinstance(lease_seconds, int | float) and 1 <= lease_seconds <= 86400):
+        if not (_is_number(lease_seconds) and 1 <= lease_seconds <= 86400):
             raise InvalidArgumentError(f"lease_seconds must be a number of seconds in "
                                        f"[1, 86400], got {lease_seconds!r}")
-        if wal_backlog_bytes is not None and (
-                isinstance(wal_backlog_bytes, bool) or not isinstance(wal_backlog_bytes, int)
-                or wal_backlog_bytes < 1):
+        if wal_backlog_bytes is not None and not (
+                _is_number(wal_backlog_bytes) and isinstance(wal_backlog_bytes, int)
+                and wal_backlog_bytes >= 1):
             raise InvalidArgumentError(f"wal_backlog_bytes must be None or an int >= 1, got "
                                        f"{wal_backlog_bytes!r}")
-        if isinstance(wal_backlog_timeout, bool) or not (
-                isinstance(wal_backlog_timeout, int | float) and wal_backlog_timeout > 0):
+        if not (_is_number(wal_backlog_timeout) and wal_backlog_timeout > 0):
             raise InvalidArgumentError(f"wal_backlog_timeout must be a number of seconds > 0, "
                                        f"got {wal_backlog_timeout!r}")
         root = Path(path)
@@ -292,6 +289,11 @@ def _probe_trace_url(layout: DataDir, url: str) -> None:
                           f"checked ({exc}); nothing was created") from None
     except ConfigError as exc:
         raise ConfigError(f"trace_url {url} was not recorded: {exc}") from None
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float, and not a bool (which Python counts as an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class Relation:
