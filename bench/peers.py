@@ -51,7 +51,8 @@ PEAK_TARGET = ("<=", 1.5)
 """Peak bytes on disk during a run, lamina / durable Delta; held against every lamina
 contender that keeps one version (``peak_bytes`` for ``lamina``, ``peak_bytes, WAL lz4``
 and so on for the ones whose WAL is compressed; ``lamina-zstd`` also runs the daemon's
-settings for a small disk, bench.peers_lamina.DAEMON_SETTINGS)."""
+settings for a small disk, bench.peers_lamina.DAEMON_SETTINGS, and bounds its writer's WAL
+backlog, bench.peers_lamina.WAL_BACKLOG_BYTES)."""
 PEAK_CONTENDERS = ("lamina", "lamina-lz4", "lamina-zstd")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:peers -->", "<!-- /bench:peers -->"
