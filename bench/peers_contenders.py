@@ -22,7 +22,7 @@ and prints one JSON line (the last line of stdout). Contenders:
   also runs the daemon as docs/operations.md configures it for a disk short of room
   (``bench.peers_lamina.DAEMON_SETTINGS``: scratch runs in ZSTD, conversions of at most
   128 MiB decoded), and its writing store bounds the WAL backlog
-  (``bench.peers_lamina.WAL_BACKLOG_BYTES``: appends wait while more than 8 MiB of
+  (``bench.peers_lamina.WAL_BACKLOG_BYTES``: appends wait while more than 4 MiB of
   finished segments await conversion).
 - ``delta``: ``write_deltalake(mode="append")`` per append with the upper in the commit
   (custom metadata and an app transaction), then fsync of the commit's data files, the
