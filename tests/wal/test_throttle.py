@@ -32,7 +32,8 @@ def _open(root: Path, **options: Any) -> Store:
 
 
 def _round(rel: Relation, oracle: Oracle, r: int) -> None:
-    """One append of four wide rows and a seal: a segment finishes every two rounds."""
+    """One append of four wide rows (about 1.1 KB) and a seal: a segment finishes every
+    four rounds or so."""
     t = oracle.upper
     oracle.append(rel, [(r * 4 + i, f"{r}-{i}-" + "x" * 250, t, 1) for i in range(4)])
     oracle.seal(rel, t + 1)
@@ -55,8 +56,8 @@ def _convert_all(root: Path) -> None:
     trace.delete_converted_segments(layout.wal_dir(NAME))
 
 
-def _wal_files(root: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in DataDir(root).wal_dir(NAME).iterdir()}
+def _wal_files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in DataDir(root).wal_dir(NAME).iterdir()}
 
 
 def test_an_append_waits_for_the_compacter_then_writes(tmp_path: Path) -> None:
