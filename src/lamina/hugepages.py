@@ -33,7 +33,7 @@ ms in others, those with two to three times the system time; with huge pages off
 process (``prctl(PR_SET_THP_DISABLE)``) every run took 79 to 91 ms (docs/performance.md,
 "Cold reads without huge pages"). jemalloc, which pyarrow also carries, advises nothing.
 So inside :func:`small_pages` pyarrow's default pool is the jemalloc pool where the
-default is mimalloc and jemalloc is built in (:class:`_ArrowPool`): 177 to 195 ms a cold
+default is mimalloc and jemalloc is built in (:func:`_arrow_pool_jemalloc`): 177 to 195 ms a cold
 read, import included, against 166 to 367 ms, and warm reads at the same speed (49 against
 47 to 54 ms) with 40% less resident memory. The switch is pyarrow's
 (``pa.set_memory_pool``), process-wide, like numpy's: what other threads allocate
@@ -61,33 +61,20 @@ def _switch() -> Callable[[bool], bool] | None:
     return None
 
 
-class _Hint:
-    """numpy's hint, off while any :func:`small_pages` is entered."""
-
-    def __init__(self, switch: Callable[[bool], bool] | None) -> None:
-        self._switch = switch
-        self._lock = threading.Lock()
-        self._depth = 0
-        self._before = True
-
-    def enter(self) -> None:
-        if self._switch is None:
-            return
-        with self._lock:
-            if self._depth == 0:
-                self._before = bool(self._switch(False))
-            self._depth += 1
-
-    def exit(self) -> None:
-        if self._switch is None:
-            return
-        with self._lock:
-            self._depth -= 1
-            if self._depth == 0:
-                self._switch(self._before)
+Undo = Callable[[], None]
+"""Puts back a process-wide setting that a change took away."""
 
 
-_HINT = _Hint(_switch())
+def _numpy_hint_off() -> Undo | None:
+    """numpy's huge-page hint off; None where this numpy has no switch."""
+    switch = _switch()
+    if switch is None:
+        return None
+    before = bool(switch(False))
+
+    def undo() -> None:
+        switch(before)
+    return undo
 
 
 def _jemalloc() -> pa.MemoryPool | None:
@@ -97,34 +84,43 @@ def _jemalloc() -> pa.MemoryPool | None:
         return None
 
 
-class _ArrowPool:
-    """pyarrow's default pool, jemalloc instead of mimalloc while any :func:`small_pages`
-    is entered (module docstring)."""
+def _arrow_pool_jemalloc() -> Undo | None:
+    """pyarrow's default pool jemalloc instead of mimalloc (module docstring); None where
+    the default is another pool (the user's choice) or jemalloc is not built in."""
+    current = pa.default_memory_pool()
+    replacement = _jemalloc() if current.backend_name == "mimalloc" else None
+    if replacement is None:
+        return None
+    pa.set_memory_pool(replacement)
+    return lambda: pa.set_memory_pool(current)
 
-    def __init__(self) -> None:
+
+class _WhileEntered:
+    """Process-wide changes made at the first of nested or concurrent entries and undone at
+    the last exit."""
+
+    def __init__(self, *changes: Callable[[], Undo | None]) -> None:
+        self._changes = changes
         self._lock = threading.Lock()
         self._depth = 0
-        self._before: pa.MemoryPool | None = None
+        self._undo: list[Undo] = []
 
     def enter(self) -> None:
         with self._lock:
             if self._depth == 0:
-                current = pa.default_memory_pool()
-                replacement = _jemalloc() if current.backend_name == "mimalloc" else None
-                if replacement is not None:
-                    self._before = current
-                    pa.set_memory_pool(replacement)
+                self._undo = [u for change in self._changes if (u := change()) is not None]
             self._depth += 1
 
     def exit(self) -> None:
         with self._lock:
             self._depth -= 1
-            if self._depth == 0 and self._before is not None:
-                pa.set_memory_pool(self._before)
-                self._before = None
+            if self._depth == 0:
+                for undo in reversed(self._undo):
+                    undo()
+                self._undo = []
 
 
-_POOL = _ArrowPool()
+_SMALL = _WhileEntered(_numpy_hint_off, _arrow_pool_jemalloc)
 
 
 @contextmanager
@@ -132,10 +128,8 @@ def small_pages() -> Iterator[None]:
     """numpy's large allocations inside go without ``MADV_HUGEPAGE``, and Arrow's come
     from jemalloc rather than mimalloc (module docstring); nested and concurrent uses
     restore both settings once, at the last exit."""
-    _HINT.enter()
-    _POOL.enter()
+    _SMALL.enter()
     try:
         yield
     finally:
-        _POOL.exit()
-        _HINT.exit()
+        _SMALL.exit()
