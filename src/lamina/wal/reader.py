@@ -184,18 +184,24 @@ def finished_segments(wal_dir: Path) -> list[SegmentFile]:
     return [s for s in list_segments(wal_dir) if s.finished]
 
 
-def backlog(wal_dir: Path, converted_through: int) -> tuple[int, int]:
-    """``(segments, bytes)`` of the finished segments after ``converted_through``: what the
-    compacter has yet to convert (file sizes only; segments deleted meanwhile are skipped)."""
-    segments = nbytes = 0
+def finished_sizes(wal_dir: Path, after: int = 0) -> list[tuple[int, int]]:
+    """``(seq, bytes)`` of each finished segment after ``after`` (file sizes only; segments
+    deleted meanwhile are skipped)."""
+    out = []
     for seg in finished_segments(wal_dir):
-        if seg.seq > converted_through:
+        if seg.seq > after:
             try:
-                nbytes += seg.path.stat().st_size
+                out.append((seg.seq, seg.path.stat().st_size))
             except FileNotFoundError:
                 continue
-            segments += 1
-    return segments, nbytes
+    return out
+
+
+def backlog(wal_dir: Path, converted_through: int) -> tuple[int, int]:
+    """``(segments, bytes)`` of the finished segments after ``converted_through``: what the
+    compacter has yet to convert (:func:`finished_sizes`)."""
+    sizes = finished_sizes(wal_dir, converted_through)
+    return len(sizes), sum(n for _, n in sizes)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ Rules:
 - Only ``append`` waits. ``seal`` and ``allow_compaction`` never do: a seal is what
   finishes a segment and lets the compacter go on, and neither adds updates.
 - The backlog counts the finished segments after the trace's ``converted_through`` (file
-  sizes, :func:`lamina.wal.reader.backlog`). A check first sums every finished segment's
-  size, a directory listing; only when that passes the bound is the trace state read,
+  sizes, :func:`lamina.wal.reader.finished_sizes`). A check lists them once and sums
+  every finished segment's size; only when that passes the bound is the trace state read,
   since the compacter may keep a converted segment that holds the frontiers
   (lamina.wal.retire).
 - The backlog grows only when this writer finishes a segment, and the compacter only
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lamina.errors import BacklogTimeoutError
-from lamina.wal.reader import backlog
+from lamina.wal.reader import finished_sizes
 
 DEFAULT_TIMEOUT = 300.0
 """``wal_backlog_timeout``'s default: five minutes without a conversion finishing is a
@@ -69,11 +69,13 @@ class BacklogGate:
         """Seconds appends have spent waiting for the backlog so far (a stall's cost)."""
 
     def pending(self) -> tuple[int, int]:
-        """``(segments, bytes)`` of the backlog now (the cheap listing when it suffices)."""
-        every = backlog(self.wal_dir, 0)
-        if every[1] <= self.limit:
-            return every
-        return backlog(self.wal_dir, self._converted_through())
+        """``(segments, bytes)`` of the backlog now: one listing of the finished segments,
+        and the trace state only when they together pass the bound."""
+        sizes = finished_sizes(self.wal_dir)
+        if sum(n for _, n in sizes) > self.limit:
+            converted = self._converted_through()
+            sizes = [(seq, n) for seq, n in sizes if seq > converted]
+        return len(sizes), sum(n for _, n in sizes)
 
     def wait(self, open_seq: int) -> None:
         """Return once the backlog is at or below the bound (at once when a check passed
